@@ -1,0 +1,40 @@
+"""Plain data records shared by the rollout, WIA, AIW and evaluation.
+
+Kept free of JAX so environment workers and host-side analysis can import them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Step:
+    """One agent turn: what the agent saw, what it said, and what happened."""
+
+    observation: str  # raw environment text the agent acted on (the GiGPO anchor)
+    admissible: list[str]  # admissible commands at that observation
+    response: str  # the model's full response text
+    action: str | None  # parsed action, None when the response had no valid action
+    valid: bool  # False for an unparsable / inadmissible response
+    reward: float  # environment reward for this step
+    next_observation: str  # observation after the action
+    done: bool = False
+
+
+@dataclass
+class Trajectory:
+    """One episode of one task by one rollout."""
+
+    task_id: int  # index into the task pool
+    task_type: str  # e.g. "pick_clean_then_place_in_recep"
+    goal: str  # the task sentence ("put a clean apple in fridge.")
+    steps: list[Step] = field(default_factory=list)
+    won: bool = False
+    env_failed: bool = False  # the environment worker crashed or timed out: episode counted as failed
+    group_id: int = -1  # task group (one task x G rollouts) inside an iteration
+    traj_id: int = -1  # unique within an iteration
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(s.reward for s in self.steps))
