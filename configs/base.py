@@ -1,0 +1,133 @@
+"""Shared configuration pieces. Every knob the trainer reads is named here, with its default.
+
+Override any value on the command line: `--config.rollout.group_size=4`. Unknown keys fail at start.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.algo = "roleagent"  # grpo | gigpo | roleagent (GiGPO + WIA + AIW)
+    c.seed = 0
+    c.workdir = "runs/default"
+    c.iterations = 150
+
+    c.model = ConfigDict()
+    c.model.path = ""  # Hugging Face directory (config.json + safetensors); "" = build from model.init
+    c.model.init = ConfigDict()  # random init when no path: a Qwen2 config.json's fields
+    c.model.init.hidden_size = 128
+    c.model.init.intermediate_size = 352
+    c.model.init.num_hidden_layers = 2
+    c.model.init.num_attention_heads = 4
+    c.model.init.num_key_value_heads = 2
+    c.model.init.rope_theta = 10000.0
+    c.model.init.tie_word_embeddings = True
+    c.model.init.max_position_embeddings = 2048
+    c.model.param_dtype = "float32"
+    c.model.dtype = "float32"  # compute dtype ("bfloat16" on TPU)
+    c.model.remat = False
+    c.model.scan_layers = False
+
+    c.tokenizer = ConfigDict()
+    c.tokenizer.path = ""  # "" = the model directory's tokenizer, or a trained BPE for random init
+    c.tokenizer.train_vocab_size = 1024
+
+    c.mesh = ConfigDict()
+    c.mesh.data = 1
+    c.mesh.fsdp = -1  # -1: all remaining devices
+    c.mesh.tensor = 1
+
+    c.env = ConfigDict()
+    c.env.name = "alfworld"
+    c.env.data_dir = ""  # "" = $ALFWORLD_DATA
+    c.env.train_split = "train"  # train | valid_seen | valid_unseen | valid_train | gen_seen | gen_unseen
+    c.env.eval_splits = ("valid_seen", "valid_unseen")
+    c.env.max_steps = 50
+    c.env.history_k = 2
+    c.env.num_workers = 8
+    c.env.step_timeout = 60.0
+    c.env.gen = ConfigDict()  # procedural games (splits gen_seen / gen_unseen)
+    c.env.gen.n_train = 64
+    c.env.gen.n_eval = 24
+    c.env.gen.seed = 0
+    c.env.gen.num_receptacles = 6
+    c.env.gen.num_objects = 6
+
+    c.rollout = ConfigDict()
+    c.rollout.tasks_per_iter = 16  # B
+    c.rollout.group_size = 8  # G
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.max_prompt_tokens = 2048
+    c.rollout.max_response_tokens = 512
+
+    c.advantage = ConfigDict()
+    c.advantage.gamma = 0.95
+    c.advantage.omega = 1.0
+    c.advantage.mode = "mean_std_norm"  # mean_norm | mean_std_norm
+    c.advantage.invalid_penalty = 0.1
+
+    c.loss = ConfigDict()
+    c.loss.clip_eps = 0.2
+    c.loss.dual_clip = 3.0
+    c.loss.kl_type = "low_var_kl"  # low_var_kl | kl | none
+    c.loss.kl_coef = 0.01
+    c.loss.entropy_coef = 0.001
+    c.loss.agg = "token-mean"  # token-mean | seq-mean-token-mean
+
+    c.optim = ConfigDict()
+    c.optim.lr = 1e-6
+    c.optim.weight_decay = 0.01
+    c.optim.grad_clip = 1.0
+    c.optim.warmup_steps = 0
+    c.optim.schedule = "constant"  # constant | cosine
+
+    c.train = ConfigDict()
+    c.train.mini_batch_rows = 256  # rows per optimizer step
+    c.train.micro_batch_rows = 32  # rows per accumulation micro-batch
+    c.train.ppo_epochs = 1
+
+    c.wia = ConfigDict()
+    c.wia.mode = "separate"  # separate (the paper's) | inline (the public code's) | off
+    c.wia.horizon = 2
+    c.wia.lam = 1.0
+    c.wia.fraction = 1.0  # share of steps that get a prediction
+    c.wia.max_tokens = 128
+    c.wia.backend = "rapidfuzz"  # rapidfuzz | difflib
+
+    c.aiw = ConfigDict()
+    c.aiw.enabled = True
+    c.aiw.analyser = "llm"  # llm | heuristic
+    c.aiw.retrieval = "fuzzy"  # fuzzy | embedding | llm
+    c.aiw.top_k = 3
+    c.aiw.eta = 1.0
+    c.aiw.decay = 0.9
+    c.aiw.temperature = 1.0
+    c.aiw.epsilon = 0.2
+    c.aiw.cap = 0.05
+    c.aiw.max_tokens = 256
+
+    c.warmstart = ConfigDict()  # supervised warm start on expert trajectories (0 steps = off)
+    c.warmstart.steps = 0
+    c.warmstart.lr = 1e-3
+    c.warmstart.batch_rows = 32
+    c.warmstart.n_games = 0
+    c.warmstart.predictor = True  # also teach the predictor role
+
+    c.eval = ConfigDict()
+    c.eval.every = 5
+    c.eval.temperature = 0.4
+    c.eval.greedy = False
+    c.eval.limit = 0  # 0 = every game of the split
+
+    c.checkpoint = ConfigDict()
+    c.checkpoint.every = 5
+    c.checkpoint.keep = 3
+    c.checkpoint.resume = True
+
+    c.log = ConfigDict()
+    c.log.tensorboard = True
+    c.log.progress = True
+    return c

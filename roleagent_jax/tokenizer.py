@@ -1,0 +1,96 @@
+"""Tokenizers: load Hugging Face ones, apply chat templates, and train the demo's tiny BPE.
+
+The demo's tiny model needs a vocabulary fitted to game text so that short contexts hold a whole
+ALFWorld prompt; real runs use the checkpoint's own tokenizer (Qwen2.5's tokenizer.json).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+# ChatML, as Qwen2.5 uses it; the tiny tokenizer ships the same template so prompts look alike.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """Load a local tokenizer (tokenizer.json or sentencepiece); never downloads, never runs remote code."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory not found: {path}")
+    files = {p.name for p in path.iterdir()}
+    if not files & {"tokenizer.json", "tokenizer.model", "vocab.json"}:
+        raise FileNotFoundError(
+            f"no tokenizer in {path}: expected tokenizer.json, tokenizer.model (sentencepiece) or vocab.json"
+        )
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, user: str, system: str | None = None) -> str:
+    """Render one user turn (and optional system turn) as a generation prompt with the chat template."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids without added special tokens (the chat template already placed them)."""
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids that end a response: the tokenizer's EOS and ChatML's end-of-turn when present."""
+    ids = {tokenizer.eos_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return sorted(i for i in ids if i is not None)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` and save it in Hugging Face format (tokenizer.json + config).
+
+    Byte-level means any text round-trips, so model output is always decodable.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 300:
+        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE (needs > 256 + specials)")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out_dir))
+    return tok
