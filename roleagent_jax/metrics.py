@@ -1,0 +1,38 @@
+"""Metrics to stdout, to TensorBoard event files, and to a JSONL history (what the report plots read)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class MetricLogger:
+    """Scalars per iteration; `history` is kept in memory (and in checkpoints) for plots and resume."""
+
+    def __init__(self, logdir: str | Path, tensorboard: bool = True, history: list[dict] | None = None):
+        self.logdir = Path(logdir)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.history: list[dict] = list(history or [])
+        self._writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.logdir / "tb"))
+
+    def log(self, step: int, scalars: dict[str, float], echo: bool = True) -> None:
+        clean = {k: float(v) for k, v in scalars.items() if isinstance(v, int | float) and math.isfinite(v)}
+        self.history.append({"step": step, **clean})
+        if self._writer is not None:
+            for key, value in clean.items():
+                self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+        with open(self.logdir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if echo:
+            keys = [k for k in clean if not k.startswith(("time/", "aiw/share/", "eval/"))][:14]
+            print(f"[iter {step}] " + "  ".join(f"{k}={clean[k]:.4g}" for k in keys), flush=True)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

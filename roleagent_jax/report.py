@@ -1,0 +1,121 @@
+"""The end-of-run report: a Markdown file with PNG plots people would rather look at than read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _series(history: list[dict], prefix: str) -> dict[str, tuple[list[int], list[float]]]:
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for row in history:
+        for key, value in row.items():
+            if key.startswith(prefix):
+                steps, values = out.setdefault(key[len(prefix) :], ([], []))
+                steps.append(row["step"])
+                values.append(value)
+    return out
+
+
+def _plot_lines(series: dict, title: str, ylabel: str, path: Path, percent: bool = False) -> Path | None:
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (x, y) in sorted(series.items()):
+        y = np.asarray(y) * (100 if percent else 1)
+        ax.plot(x, y, marker="o", ms=3, lw=2.5 if name == "all" else 1.2, label=name)
+    ax.set(title=title, xlabel="iteration", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_before_after(before: dict, after: dict, path: Path) -> Path | None:
+    splits = sorted(set(before) & set(after))
+    if not splits:
+        return None
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        types = [t for t in sorted(set(before[split]) | set(after[split])) if t != "all"] + ["all"]
+        x = np.arange(len(types))
+        ax.bar(x - 0.2, [100 * before[split].get(t, 0) for t in types], 0.4, label="before RL")
+        ax.bar(x + 0.2, [100 * after[split].get(t, 0) for t in types], 0.4, label="after RL")
+        ax.set_xticks(x, [t.replace("_then_place_in_recep", "").replace("pick_", "") for t in types],
+                      rotation=30, ha="right", fontsize=8)
+        ax.set(title=split, ylabel="success %", ylim=(0, 100))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_stacked(series: dict, title: str, ylabel: str, path: Path) -> Path | None:
+    if not series:
+        return None
+    names = sorted(series)
+    steps = sorted({s for x, _ in series.values() for s in x})
+    table = np.zeros((len(names), len(steps)))
+    for i, name in enumerate(names):
+        for s, v in zip(*series[name], strict=True):
+            table[i, steps.index(s)] = v
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.stackplot(steps, table, labels=names)
+    ax.set(title=title, xlabel="iteration", ylabel=ylabel)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_state=None) -> Path:
+    """Write report.md and its plots into workdir/report; returns the Markdown path."""
+    out = Path(workdir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "Training success per task type": _plot_lines(
+            _series(history, "train/success/"), "rollout success", "success %", out / "success.png", True),
+        "Success per task type, before and after RL": _plot_before_after(
+            host.get("eval", {}).get("before", {}), host.get("eval", {}).get("after", {}), out / "before_after.png"),
+        "Failure types over time (AIW analyses)": _plot_stacked(
+            _series(history, "aiw/fail/"), "failures by type", "failed episodes", out / "failure_types.png"),
+        "Task-sampling distribution over task types (AIW)": _plot_stacked(
+            _series(history, "aiw/share/"), "sampling probability by task type", "probability",
+            out / "sampling.png"),
+        "WIA prediction accuracy": _plot_lines(
+            {k: v for k, v in _series(history, "wia/").items() if k.startswith("lms")},
+            "LMS similarity of predictions", "LMS", out / "wia.png"),
+    }
+    lines = [f"# Run report: {config.algo}", "", f"workdir: `{workdir}`", ""]
+    ev = host.get("eval", {})
+    if ev:
+        lines += ["## Evaluation (success %)", "", "| split | task type | before RL | after RL |", "|---|---|---|---|"]
+        for split in sorted(set(ev.get("before", {})) | set(ev.get("after", {}))):
+            b, a = ev.get("before", {}).get(split, {}), ev.get("after", {}).get(split, {})
+            for t in [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]:
+                bv = f"{100 * b[t]:.1f}" if t in b else "-"
+                av = f"{100 * a[t]:.1f}" if t in a else "-"
+                lines.append(f"| {split} | {t} | {bv} | {av} |")
+        lines.append("")
+    if host.get("sft_losses"):
+        losses = host["sft_losses"]
+        lines += [f"Warm start loss: {losses[0]:.3f} -> {losses[-1]:.3f}", ""]
+    if aiw_state is not None and hasattr(aiw_state, "top_boosted"):
+        lines += ["## Most boosted tasks (AIW)", ""]
+        lines += [f"- {row}" for row in aiw_state.top_boosted()]
+        lines.append("")
+    for title, path in plots.items():
+        if path is not None:
+            lines += [f"## {title}", "", f"![{title}]({path.name})", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report

@@ -1,0 +1,389 @@
+"""The Role-Agent training loop: rollouts, WIA shaping, GiGPO advantages, PPO updates, AIW re-weighting.
+
+Device work (generation, log-probs, updates) is jitted and sharded; this file is the thin host-side
+orchestration between those calls, plus checkpoints, evaluation and logging. One iteration:
+
+    tasks ~ AIW task sampler -> rollouts (agent + predictor prompts share each sampler call)
+    -> WIA scores -> GiGPO advantages with return multipliers -> PPO mini-batch updates
+    -> failure analysis -> memory + retrieval -> new task-sampling logits
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+from tqdm.auto import tqdm
+
+from roleagent_jax import aiw
+from roleagent_jax.advantages import gigpo_advantages
+from roleagent_jax.checkpointing import Checkpointer, write_json
+from roleagent_jax.config import apply_algo, validate
+from roleagent_jax.envs import EnvPool, TaskPool
+from roleagent_jax.metrics import MetricLogger
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
+from roleagent_jax.sampling import Sampler, SamplingParams
+from roleagent_jax.sharding import make_mesh, maybe_initialize_distributed, shard_model
+from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
+from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
+
+GEN_SPLITS = ("gen_seen", "gen_unseen")
+
+
+def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) -> TaskPool:
+    """Real ALFWorld splits come from the data folder; gen_* splits are generated into the workdir."""
+    if split in GEN_SPLITS:
+        g = config.env.gen
+        n = g.n_train if purpose == "train" else g.n_eval
+        seed = g.seed if purpose == "train" else g.seed + 1000  # held-out games of the same distribution
+        pool = "seen" if split == "gen_seen" else "unseen"
+        return TaskPool.generated(
+            workdir / "games" / f"{purpose}_{split}", n=n, seed=seed, pool=pool,
+            num_receptacles=g.num_receptacles, num_objects=g.num_objects,
+        )
+    return TaskPool.from_split(config.env.data_dir or None, split)
+
+
+def success_by_type(trajs) -> dict[str, float]:
+    by_type = defaultdict(list)
+    for t in trajs:
+        by_type[t.task_type].append(float(t.won))
+    out = {k: float(np.mean(v)) for k, v in sorted(by_type.items())}
+    out["all"] = float(np.mean([t.won for t in trajs])) if trajs else 0.0
+    return out
+
+
+class Trainer:
+    """Owns the model, environments, optimizer state and AIW state of one run in `config.workdir`."""
+
+    def __init__(self, config: ConfigDict):
+        maybe_initialize_distributed()
+        self.config = apply_algo(validate(config))
+        c = self.config
+        self.workdir = Path(c.workdir).absolute()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.is_main = jax.process_index() == 0
+        self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+        self.settings = RolloutSettings(
+            max_steps=c.env.max_steps, history_k=c.env.history_k,
+            max_prompt_tokens=c.rollout.max_prompt_tokens, max_response_tokens=c.rollout.max_response_tokens,
+            wia_mode=c.wia.mode, wia_horizon=c.wia.horizon, wia_fraction=c.wia.fraction,
+            wia_max_tokens=c.wia.max_tokens,
+        )
+        self.train_pool = make_task_pool(c, c.env.train_split, self.workdir, "train")
+        self.envs = EnvPool(self.train_pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout,
+                            max_steps=c.env.max_steps)
+        self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
+        resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
+        self.model, self.model_config, self.tokenizer = self._build_model(resuming)
+        self.graphdef, params = nnx.split(self.model)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.sampler = Sampler(self.graphdef, self.model_config, self.tokenizer, self.mesh,
+                               eos_ids=eos_ids(self.tokenizer))
+        self.optimizer = make_optimizer(c.optim.lr, weight_decay=c.optim.weight_decay,
+                                        grad_clip=c.optim.grad_clip, warmup_steps=c.optim.warmup_steps,
+                                        schedule=c.optim.schedule, total_steps=max(c.iterations, 1))
+        loss_cfg = dict(clip_eps=c.loss.clip_eps, dual_clip=c.loss.dual_clip, kl_type=c.loss.kl_type,
+                        kl_coef=c.loss.kl_coef, entropy_coef=c.loss.entropy_coef, agg=c.loss.agg)
+        micro = c.train.mini_batch_rows // c.train.micro_batch_rows
+        self.train_step = make_train_step(self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh,
+                                          micro_batches=micro, remat=c.model.remat)
+        self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh)
+        self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed))
+        self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
+        self.task_sampler = aiw.TaskSampler(
+            len(self.train_pool), eta=c.aiw.eta, decay=c.aiw.decay, temperature=c.aiw.temperature,
+            epsilon=c.aiw.epsilon, cap=c.aiw.cap or None, seed=c.seed,
+        )
+        self.aiw_state = aiw.AIWState(self.task_sampler, aiw.FailureMemory(self.workdir / "failure_memory.jsonl"))
+        self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": []}
+        history = None
+        if resuming:
+            history = self._restore()
+        self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
+                                   history=history)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_model(self, resuming: bool):
+        c = self.config
+        init_dir = self.workdir / "hf_init"
+        if c.model.path:
+            model, mcfg = load_pretrained(c.model.path, mesh=self.mesh, dtype=c.model.dtype)
+            tok = load_tokenizer(c.tokenizer.path or c.model.path)
+            return model, mcfg, tok
+        if resuming and init_dir.is_dir():
+            model, mcfg = load_pretrained(init_dir, mesh=self.mesh, dtype=c.model.dtype)
+            return model, mcfg, load_tokenizer(init_dir)
+        tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else self._train_tokenizer()
+        mcfg = Qwen2Config.from_hf(
+            dict(c.model.init.to_dict(), vocab_size=len(tok), model_type="qwen2",
+                 architectures=["Qwen2ForCausalLM"], eos_token_id=tok.eos_token_id),
+            param_dtype=c.model.param_dtype, dtype=c.model.dtype, remat=c.model.remat,
+            scan_layers=c.model.scan_layers,
+        )
+        model = shard_model(Qwen2ForCausalLM(mcfg, rngs=nnx.Rngs(c.seed)), self.mesh)
+        if self.is_main:
+            save_pretrained(model, init_dir, tokenizer=tok)
+        return model, mcfg, tok
+
+    def _expert_trajectories(self):
+        if not hasattr(self, "_experts"):
+            n = self.config.warmstart.n_games or len(self.train_pool)
+            ids = list(range(min(n, len(self.train_pool))))
+            self._experts = expert_episodes(self.envs, ids, self.config.env.max_steps)
+        return self._experts
+
+    def _examples(self):
+        c = self.config
+        return examples_from_episodes(self._expert_trajectories(), c.env.history_k, c.wia.horizon,
+                                      predictor=c.warmstart.predictor)
+
+    def _train_tokenizer(self):
+        """Fit a byte-level BPE to the text the model will read and write (expert-played games)."""
+        texts = []
+        for e in self._examples():
+            texts += [e.prompt, e.target]
+        return train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _host_state(self) -> dict:
+        return dict(
+            self.host,
+            task_sampler=self.task_sampler.state_dict(),
+            aiw=self.aiw_state.state_dict(),
+            history=self.logger.history,
+        )
+
+    def save(self) -> None:
+        self.ckpt.save(int(self.host["iteration"]), self.state, self._host_state())
+
+    def _restore(self) -> list[dict]:
+        state, host = self.ckpt.restore(self.state)
+        self.state = state
+        self.task_sampler.load_state_dict(host.pop("task_sampler"))
+        self.aiw_state.load_state_dict(host.pop("aiw"))
+        history = host.pop("history")
+        self.host.update(host)
+        print(f"resumed from {self.ckpt.directory} at iteration {self.host['iteration']}", flush=True)
+        return history
+
+    # ------------------------------------------------------------------ generation
+
+    def generate_fn(self, params, sampling: SamplingParams, key):
+        """One batched sampler call per invocation, each with its own fold of `key`."""
+        calls = [0]
+
+        def generate(requests):
+            calls[0] += 1
+            return self.sampler.generate(params, requests, sampling, jax.random.fold_in(key, calls[0]))
+
+        return generate
+
+    def evaluate(self, split: str, params=None, limit: int = 0) -> dict:
+        """Every game of `split` once (fixed panel), sampled at the eval temperature."""
+        c = self.config
+        params = self.state.params if params is None else params
+        pool = self.train_pool if split == c.env.train_split and split not in GEN_SPLITS else None
+        pool = pool or make_task_pool(c, split, self.workdir, "eval")
+        ids = list(range(len(pool)))[: limit or None]
+        envs = EnvPool(pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout,
+                       max_steps=c.env.max_steps)
+        try:
+            sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
+            gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
+            settings = RolloutSettings(**{**self.settings.__dict__, "wia_mode": "off"})
+            result = collect(gen, envs, ids, ids, self.tokenizer, settings, seed=c.seed)
+        finally:
+            envs.close()
+        return success_by_type(result.trajectories)
+
+    # ------------------------------------------------------------------ phases
+
+    def warm_start(self) -> None:
+        c = self.config
+        if self.host["warm_started"] or c.warmstart.steps == 0:
+            return
+        examples = self._examples()
+        params, losses = run_sft(
+            self.graphdef, self.state.params, examples, self.encode_prompt, self.encode_target, self.pad_id,
+            steps=c.warmstart.steps, batch_rows=c.warmstart.batch_rows, lr=c.warmstart.lr, seed=c.seed,
+            progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
+        )
+        self.state = TrainState.create(params, self.optimizer, self.state.rng)
+        if self.ref_params is not None:
+            self.ref_params = params
+        self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
+        print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+
+    def iteration(self, it: int) -> dict:
+        c = self.config
+        t0 = time.perf_counter()
+        B, G = c.rollout.tasks_per_iter, c.rollout.group_size
+        tasks = self.task_sampler.sample(B)
+        task_ids = np.repeat(tasks, G)
+        group_ids = np.repeat(np.arange(B), G)
+        key = jax.random.fold_in(self.state.rng, it)
+        sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k)
+        result = collect(self.generate_fn(self.state.params, sampling, key), self.envs, task_ids.tolist(),
+                         group_ids.tolist(), self.tokenizer, self.settings, seed=c.seed, iteration=it)
+        t_rollout = time.perf_counter() - t0
+        metrics: dict[str, float] = {}
+        rows = result.rows
+        multiplier = None
+        t1 = time.perf_counter()
+        if c.wia.mode != "off" and rows:
+            multiplier, wia_metrics = wia_multipliers(result, c.wia.lam, c.wia.backend)
+            metrics.update(wia_metrics)
+        t_wia = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        adv = np.asarray(gigpo_advantages(
+            np.array([r.reward for r in rows], np.float32), np.array([r.traj_id for r in rows]),
+            np.array([r.group_id for r in rows]), np.array([r.step_index for r in rows]),
+            np.array([r.anchor_hash for r in rows], np.uint64), np.array([r.valid for r in rows]),
+            gamma=c.advantage.gamma, omega=c.advantage.omega, mode=c.advantage.mode,
+            invalid_penalty=c.advantage.invalid_penalty, step_level=c.advantage.step_level,
+            return_multiplier=multiplier,
+        ))
+        t_adv = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        update_metrics = self._update(rows, adv, it)
+        t_update = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if c.aiw.enabled:
+            metrics.update(self._aiw(result.trajectories, it))
+        t_aiw = time.perf_counter() - t1
+
+        succ = success_by_type(result.trajectories)
+        metrics.update({f"train/success/{k}": v for k, v in succ.items()})
+        metrics.update(update_metrics)
+        episode_len = [len(t.steps) for t in result.trajectories]
+        metrics.update({
+            "train/return": float(np.mean([t.total_reward for t in result.trajectories])),
+            "train/episode_len": float(np.mean(episode_len)),
+            "train/valid_rate": float(np.mean([r.valid for r in rows])) if rows else 0.0,
+            "train/rows": len(rows),
+            "train/adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+            "train/env_failed": float(np.sum([t.env_failed for t in result.trajectories])),
+            "rollout/sampler_calls": result.stats["sampler_calls"],
+            "rollout/tokens_per_s": result.stats["generated_tokens"] / max(result.stats["time_generate"], 1e-9),
+            "rollout/prompts_truncated": result.stats["prompts_truncated"],
+            "time/rollout": t_rollout, "time/generate": result.stats["time_generate"],
+            "time/env": result.stats["time_env"], "time/wia": t_wia, "time/advantages": t_adv,
+            "time/update": t_update, "time/aiw": t_aiw, "time/iteration": time.perf_counter() - t0,
+        })
+        probs = self.task_sampler.probs()
+        for ttype in sorted(set(self.train_pool.task_types)):
+            mask = np.array([t == ttype for t in self.train_pool.task_types])
+            metrics[f"aiw/share/{ttype}"] = float(probs[mask].sum())
+        return metrics
+
+    def _aiw(self, trajs, it: int) -> dict:
+        c = self.config
+        failed = [t for t in trajs if not t.won]
+        if c.aiw.analyser == "heuristic":
+            reports = [aiw.heuristic_analyse(t) for t in failed]
+        else:
+            gen = self.generate_fn(self.state.params, SamplingParams(temperature=0.4),
+                                   jax.random.fold_in(self.state.rng, 10_000 + it))
+            reqs = [aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens) for t in failed]
+            reports = [aiw.parse_failure_report(r.text) for r in gen(reqs)] if reqs else []
+        return aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
+
+    def _update(self, rows, adv: np.ndarray, it: int) -> dict:
+        """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile)."""
+        c = self.config
+        if not rows:
+            return {}
+        packed = pack_rows([r.prompt_ids for r in rows], [r.response_ids for r in rows], self.pad_id,
+                           max_prompt=c.rollout.max_prompt_tokens, max_response=c.rollout.max_response_tokens)
+        n, mb = len(rows), c.train.mini_batch_rows
+        rng = np.random.default_rng([c.seed, it])
+        sums: dict[str, list[float]] = defaultdict(list)
+        for _ in range(c.train.ppo_epochs):
+            order = rng.permutation(n)
+            for start in range(0, n, mb):
+                idx = order[start : start + mb]
+                pad = mb - len(idx)
+                idx_full = np.concatenate([idx, np.full(pad, idx[0])])
+                batch = {k: v[idx_full] for k, v in packed.items()}
+                batch["loss_mask"][len(idx):] = 0
+                batch["advantages"] = adv[idx_full].astype(np.float32)
+                batch = {k: jnp.asarray(v) for k, v in batch.items()}
+                batch["old_logprobs"] = self.logprob_fn(self.state.params, batch)
+                ref = self.ref_params if self.ref_params is not None else self.state.params
+                batch["ref_logprobs"] = self.logprob_fn(ref, batch) if self.ref_params is not None \
+                    else batch["old_logprobs"]
+                self.state, m = self.train_step(self.state, batch)
+                for k, v in m.items():
+                    sums[f"update/{k}"].append(float(v))
+        return {k: float(np.mean(v)) for k, v in sums.items()}
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self) -> dict:
+        c = self.config
+        self.warm_start()
+        if "before" not in self.host["eval"] and c.env.eval_splits:
+            self.host["eval"]["before"] = {s: self.evaluate(s, limit=c.eval.limit) for s in c.env.eval_splits}
+            self._print_eval("before RL", self.host["eval"]["before"])
+            self.save()
+        start = int(self.host["iteration"])
+        bar = tqdm(range(start, c.iterations), desc=f"RL ({c.algo})", disable=not c.log.progress,
+                   initial=start, total=c.iterations)
+        for it in bar:
+            metrics = self.iteration(it)
+            if c.eval.every and (it + 1) % c.eval.every == 0 and it + 1 < c.iterations:
+                for split in c.env.eval_splits:
+                    for k, v in self.evaluate(split, limit=c.eval.limit).items():
+                        metrics[f"eval/{split}/{k}"] = v
+            self.host["iteration"] = it + 1
+            self.logger.log(it + 1, metrics, echo=not c.log.progress)
+            bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")
+            if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
+                self.save()
+        if "after" not in self.host["eval"] and c.env.eval_splits:
+            self.host["eval"]["after"] = {s: self.evaluate(s, limit=c.eval.limit) for s in c.env.eval_splits}
+            self._print_eval("after RL", self.host["eval"]["after"])
+        self.save()
+        self.ckpt.wait()
+        return self.finish()
+
+    def finish(self) -> dict:
+        from roleagent_jax.report import write_report
+
+        final_dir = self.workdir / "hf_final"
+        if self.is_main:
+            save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
+        summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
+                   "final_model": str(final_dir)}
+        if self.is_main:
+            report = write_report(self.workdir, self.config, self.logger.history, self.host, self.aiw_state)
+            summary["report"] = str(report)
+            write_json(self.workdir / "summary.json", summary)
+        return summary
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.envs.close()
+        self.logger.close()
+
+    @staticmethod
+    def _print_eval(title: str, results: dict) -> None:
+        print(f"evaluation {title}: " + json.dumps(results), flush=True)

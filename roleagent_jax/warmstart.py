@@ -1,0 +1,136 @@
+"""Supervised warm start on expert trajectories, for both roles of the model.
+
+A tiny random model cannot find a single win by chance in ALFWorld, so RL would have nothing to
+reinforce; a short imitation phase teaches the answer format, a partial policy (agent role) and the
+game's replies (predictor role, so WIA has something to score). Kept short on purpose: the demo wants
+a model above zero but far from perfect, so that RL has room to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from roleagent_jax import wia
+from roleagent_jax.envs.prompts import build_agent_prompt
+from roleagent_jax.train_step import pack_rows
+from roleagent_jax.types import Step, Trajectory
+
+
+@dataclass
+class Example:
+    prompt: str  # user message (chat-templated by the caller)
+    target: str  # response text the model should produce
+    role: str
+
+
+def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Trajectory]:
+    """Play each task once by following the engine's expert plan; returns the trajectories."""
+    resets = envs.reset(list(task_ids), expert=True)
+    trajs, obs, infos = [], [], []
+    for tid, (o, info) in zip(task_ids, resets, strict=True):
+        trajs.append(Trajectory(int(tid), info.get("task_type", ""), info.get("goal", "")))
+        obs.append(o)
+        infos.append(info)
+    active = [i for i in range(len(trajs)) if infos[i].get("expert_plan")]
+    for _ in range(max_steps):
+        if not active:
+            break
+        actions = {i: infos[i]["expert_plan"][0] for i in active}
+        outcomes = envs.step(actions)
+        still = []
+        for i in active:
+            next_obs, reward, done, info = outcomes[i]
+            trajs[i].steps.append(
+                Step(obs[i], list(infos[i].get("admissible_commands", [])), f"<action>{actions[i]}</action>",
+                     actions[i], True, float(reward), next_obs, bool(done))
+            )
+            trajs[i].won = trajs[i].won or bool(info.get("won"))
+            obs[i], infos[i] = next_obs, info
+            if not done and info.get("expert_plan") and not info.get("env_failed"):
+                still.append(i)
+        active = still
+    return trajs
+
+
+def examples_from_episodes(
+    trajs: Sequence[Trajectory], history_k: int, horizon: int, predictor: bool
+) -> list[Example]:
+    """Agent examples (prompt -> <action>a</action>) and predictor examples (-> the next H replies)."""
+    out = []
+    for traj in trajs:
+        if not traj.won:
+            continue
+        history: list[tuple[str, str]] = []
+        for t, step in enumerate(traj.steps):
+            recent = history[-history_k:] if history_k else []
+            prompt = build_agent_prompt(traj.goal, recent, step.observation, step.admissible, t, k=history_k)
+            out.append(Example(prompt, f"<action>{step.action}</action>", "agent"))
+            if predictor:
+                future = [s.next_observation for s in traj.steps[t : t + horizon]]
+                p_prompt = wia.build_predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
+                out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
+            history.append((step.observation, step.action))
+    return out
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
+    """Jitted (params, opt_state, batch) -> (params, opt_state, loss): mean NLL of the target tokens."""
+
+    def loss_fn(params, batch):
+        model = nnx.merge(graphdef, params)
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["positions"])
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+        token_logp = jnp.take_along_axis(logp, batch["input_ids"][:, 1:, None], axis=-1)[..., 0]
+        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+        return -(token_logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def run_sft(
+    graphdef,
+    params,
+    examples: Sequence[Example],
+    encode_prompt: Callable[[str], list[int]],
+    encode_target: Callable[[str], list[int]],
+    pad_id: int,
+    *,
+    steps: int,
+    batch_rows: int,
+    lr: float,
+    seed: int,
+    progress: Callable | None = None,
+):
+    """Adam on the examples for `steps` steps; returns (params, per-step losses)."""
+    if not examples:
+        raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps)))
+    opt_state = optimizer.init(params)
+    step_fn = make_sft_step(graphdef, optimizer)
+    prompts = [encode_prompt(e.prompt) for e in examples]
+    targets = [encode_target(e.target) for e in examples]
+    rng = np.random.default_rng(seed)
+    losses = []
+    iterator = range(steps) if progress is None else progress(range(steps))
+    for _ in iterator:
+        idx = rng.choice(len(examples), size=batch_rows, replace=len(examples) < batch_rows)
+        packed = pack_rows([prompts[i] for i in idx], [targets[i] for i in idx], pad_id)
+        batch = {k: jnp.asarray(packed[k]) for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
+        params, opt_state, loss = step_fn(params, opt_state, batch)
+        losses.append(float(loss))
+        if hasattr(iterator, "set_postfix"):
+            iterator.set_postfix(loss=f"{losses[-1]:.3f}")
+    return params, losses
