@@ -1,0 +1,344 @@
+"""ALFWorld on its real engine: TextWorld's PDDL environment under alfworld's own wrappers.
+
+One `AlfWorldEnv` plays one game at a time and can be reset to any game file. The RL loop resets the
+same few games thousands of times, so everything that depends only on a game file is computed once
+per process and kept: the parsed JSON, the grammar (`GameLogic`) and Fast Downward's PDDL -> SAS
+translation, which is most of the cost of a plain `PddlEnv.reset`. A reset then only reloads the SAS
+task into the planner library and renders the intro text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, OrderedDict, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fast_downward
+import textworld
+from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
+from textworld.core import GameState
+from textworld.envs.pddl import PddlEnv
+from textworld.envs.pddl import logic as pddl_logic
+from textworld.logic import Proposition, Type, Variable
+
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+WIN_REWARD = 10.0
+GOAL_PREFIX = "Your task is to: "
+GAME_FILE = "game.tw-pddl"
+EXPERT_TYPES = ("planner", "handcoded")
+
+
+def task_type_of(game_file: str | os.PathLike) -> str:
+    """Task type from the folder layout `<task_type>-<Obj>-<Mrecep>-<Recep>-<scene>/<trial>/game.tw-pddl`."""
+    name = Path(game_file).parent.parent.name.split("-", 1)[0]
+    if name not in TASK_TYPES:
+        raise ValueError(
+            f"cannot tell the task type of {game_file}: folder prefix {name!r} is not one of {TASK_TYPES}"
+        )
+    return name
+
+
+def goal_of(game_data: dict) -> str:
+    """The task sentence as the intro will show it, read from the game's grammar without loading it."""
+    grammar = game_data.get("grammar", "")
+    start = grammar.find(GOAL_PREFIX)
+    if start < 0:
+        return ""
+    start += len(GOAL_PREFIX)
+    end = grammar.find('"', start)
+    return grammar[start:end].strip()
+
+
+def goal_from_observation(obs: str) -> str:
+    """The task sentence from an intro observation ('' when the text has none)."""
+    start = obs.find(GOAL_PREFIX)
+    if start < 0:
+        return ""
+    return obs[start + len(GOAL_PREFIX) :].strip().splitlines()[0].strip()
+
+
+def split_dir(data_dir: str | os.PathLike | None, split: str) -> Path:
+    """Locate `<data>/json_2.1.1/<split>` (or `<data>/<split>`), with a message saying how to get the data."""
+    root = data_dir or os.environ.get("ALFWORLD_DATA")
+    hint = (
+        "ALFWorld games are not bundled. Run `alfworld-download` (from the alfworld package), then set "
+        "$ALFWORLD_DATA to the folder it filled (the one holding json_2.1.1/) or pass --data=DIR. "
+        "The procedurally generated splits (gen_seen, gen_unseen) need no download."
+    )
+    if not root:
+        raise FileNotFoundError(f"no ALFWorld data folder given for split {split!r}. {hint}")
+    root = Path(os.path.expandvars(str(root))).expanduser()
+    for cand in (root / "json_2.1.1" / split, root / split):
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError(
+        f"split {split!r} not found under {root} (looked for json_2.1.1/{split} and {split}). {hint}"
+    )
+
+
+def list_games(folder: str | os.PathLike) -> list[str]:
+    """Sorted playable game files under a folder, filtered the way alfworld's own loader filters them."""
+    games = []
+    for path in sorted(Path(folder).rglob(GAME_FILE)):
+        text = str(path)
+        if "movable" in text or "Sliced" in text:
+            continue
+        if not _read_json(text).get("solvable", False):
+            continue
+        games.append(text)
+    return games
+
+
+class _LRU(OrderedDict):
+    """A small least-recently-used map: per-process caches must not grow with the 3,553 train games."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = maxsize
+
+    def get_or_make(self, key, make):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = make()
+        self[key] = value
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
+        return value
+
+
+_JSON_CACHE = _LRU(256)
+_LOGIC_CACHE = _LRU(32)
+_SAS_CACHE = _LRU(128)
+
+
+def _read_json(path: str) -> dict:
+    st = os.stat(path)
+    key = (path, st.st_mtime_ns, st.st_size)
+
+    def make():
+        with open(path) as f:
+            return json.load(f)
+
+    return _JSON_CACHE.get_or_make(key, make)
+
+
+def _logic_for(domain: str, grammar: str) -> pddl_logic.GameLogic:
+    return _LOGIC_CACHE.get_or_make(
+        (domain, grammar), lambda: pddl_logic.GameLogic(domain=domain, grammar=grammar)
+    )
+
+
+@dataclass
+class _Translation:
+    """Everything a fresh PddlState derives from (domain, problem) alone."""
+
+    task: Any
+    sas: bytes
+    sas_replan: bytes
+    actions: dict
+    name2type: dict
+    init_facts: list
+    types: list
+
+
+def _translation_for(domain: str, problem: str) -> _Translation:
+    def make():
+        task, sas = fast_downward.pddl2sas(domain, problem)
+        _, sas_replan = fast_downward.pddl2sas(domain, problem, optimize=True)
+        name2type = {o.name: o.type_name for o in task.objects}
+        facts = []
+        for atom in task.init:
+            fact = _init_atom_to_fact(atom, name2type)
+            if fact is not None:
+                facts.append(fact)
+        return _Translation(
+            task=task,
+            sas=sas.encode("utf-8"),
+            sas_replan=sas_replan.encode("utf-8"),
+            actions={a.name: a for a in task.actions},
+            name2type=name2type,
+            init_facts=facts,
+            types=[(t.name, t.supertype_names) for t in task.types],
+        )
+
+    return _SAS_CACHE.get_or_make((domain, problem), make)
+
+
+def _init_atom_to_fact(atom, name2type: dict) -> Proposition | None:
+    """An initial-state atom as a TextWorld fact; equality, costs and distances carry no game state."""
+    translate = fast_downward.translate
+    if isinstance(atom, translate.pddl.conditions.Atom):
+        if atom.predicate == "=":
+            return None
+        return Proposition(atom.predicate, [Variable(a, name2type[a]) for a in atom.args])
+    if isinstance(atom, translate.pddl.f_expression.Assign):
+        if atom.fluent.symbol == "total-cost":
+            return None
+        name = f"{atom.expression.value}"
+        if name.isdigit():
+            return None
+        return Proposition(name, [Variable(a, name2type[a]) for a in atom.fluent.args])
+    return None
+
+
+class _CachedPddlState(pddl_logic.PddlState):
+    """A PddlState built from a cached translation (same fields as the parent's constructor sets)."""
+
+    def __init__(self, downward_lib, pddl_problem: str, logic: pddl_logic.GameLogic, tr: _Translation):
+        self._facts = defaultdict(set)
+        self._vars_by_name = {}
+        self._vars_by_type = defaultdict(set)
+        self._var_counts = Counter()
+        self._logic = logic
+        self.downward_lib = downward_lib
+        self.pddl_problem = pddl_problem
+        self.task, self.sas, self.sas_replan = tr.task, tr.sas, tr.sas_replan
+        self._actions = tr.actions
+        for name, supertypes in tr.types:
+            try:
+                logic.types.add(Type(name, supertypes))
+            except ValueError:  # already known to this (shared) logic
+                pass
+        downward_lib.load_sas(tr.sas)
+        downward_lib.load_sas_replan(tr.sas_replan)
+        self.name2type = tr.name2type
+        self.add_facts(tr.init_facts)
+        atoms = (pddl_logic.Atom * downward_lib.get_state_size())()
+        downward_lib.get_state(atoms)
+        self.add_facts([f for f in (a.get_fact(self.name2type) for a in atoms) if not f.is_negation])
+
+
+class CachedPddlEnv(PddlEnv):
+    """`PddlEnv` whose load and reset reuse the per-process caches; the stepping logic is untouched."""
+
+    def load(self, filename_or_data) -> None:
+        if isinstance(filename_or_data, (str, os.PathLike)):
+            self._game_file = str(filename_or_data)
+            data = _read_json(self._game_file)
+        else:
+            self._game_file, data = None, filename_or_data
+        self._game_data = data
+        self.walkthrough = data.get("walkthrough")
+        self._logic = _logic_for(data["pddl_domain"], data["grammar"])
+        self._pddl_state = self._fresh_state()
+        self._entity_infos = self._get_entity_infos()
+
+    def _fresh_state(self) -> _CachedPddlState:
+        tr = _translation_for(self._game_data["pddl_domain"], self._game_data["pddl_problem"])
+        return _CachedPddlState(self.downward_lib, self._game_data["pddl_problem"], self._logic, tr)
+
+    def reset(self) -> GameState:
+        self._pddl_state = self._fresh_state()
+        self.prev_state = None
+        self.state = GameState()
+        self._last_action = None
+        self._moves = 0
+        context = {
+            "state": self._pddl_state,
+            "facts": list(self._pddl_state.facts),
+            "variables": {},
+            "mapping": {},
+            "entity_infos": self._entity_infos,
+        }
+        self.state.feedback = self._logic.grammar.derive("#intro#", context)
+        self.state.raw = self.state.feedback
+        self._gather_infos()
+        return self.state
+
+
+class AlfWorldEnv:
+    """One ALFWorld episode at a time: reset(game_file) -> (obs, info); step(action) -> (obs, r, done, info).
+
+    Reward is WIN_REWARD on the winning step and 0 otherwise; an episode ends on a win or after
+    `max_steps` steps. With `expert_plan=True` the info carries alfworld's expert plan for the current
+    state: 'planner' (Fast Downward on the game's PDDL; works for every data version) or 'handcoded'
+    (alfworld's rule-based expert; it emits the packaged grammar's verbs, so only games built on that
+    grammar, such as the generated ones, suit it).
+    """
+
+    def __init__(self, max_steps: int = 50, expert_plan: bool = False, expert_type: str = "planner"):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if expert_type not in EXPERT_TYPES:
+            raise ValueError(f"expert_type must be one of {EXPERT_TYPES}, got {expert_type!r}")
+        self.max_steps = max_steps
+        self.expert_plan = expert_plan
+        self.expert_type = expert_type
+        self._env = None
+        self._loaded: str | None = None
+        self._steps = 0
+        self._done = True
+        self._last: tuple[str, dict] = ("", {})
+        self._task_type = ""
+        self._goal = ""
+
+    def _make(self):
+        infos = textworld.EnvInfos(
+            won=True,
+            admissible_commands=True,
+            extras=["gamefile"],
+            facts=self.expert_plan and self.expert_type == "handcoded",
+        )
+        env = AlfredInfos(AlfredDemangler(CachedPddlEnv(infos)))
+        if self.expert_plan:
+            env = AlfredExpert(env, expert_type=self.expert_type)
+        return env
+
+    def reset(self, game_file: str) -> tuple[str, dict]:
+        game_file = str(game_file)
+        if not os.path.isfile(game_file):
+            raise FileNotFoundError(f"game file not found: {game_file}")
+        if self._env is None:
+            self._env = self._make()
+        if self._loaded != game_file:
+            self._loaded = None
+            self._env.load(game_file)
+            self._loaded = game_file
+            self._task_type = task_type_of(game_file)
+        state = self._env.reset()
+        obs = state.feedback
+        self._goal = goal_from_observation(obs)
+        self._steps, self._done = 0, False
+        info = self._info(state, obs)
+        self._last = (obs, info)
+        return obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self._env is None or self._loaded is None:
+            raise RuntimeError("step() before reset()")
+        if self._done:  # stepping a finished episode changes nothing
+            obs, info = self._last
+            return obs, 0.0, True, info
+        state, _, _ = self._env.step(str(action))
+        self._steps += 1
+        obs = state.feedback
+        info = self._info(state, obs)
+        self._done = info["won"] or self._steps >= self.max_steps
+        self._last = (obs, info)
+        return obs, (WIN_REWARD if info["won"] else 0.0), self._done, info
+
+    def _info(self, state, obs: str) -> dict:
+        info = {
+            "won": bool(state["won"]),
+            "admissible_commands": list(state["admissible_commands"]),
+            "task_type": self._task_type,
+            "goal": self._goal,
+            "anchor": obs,
+            "env_failed": False,
+            "step": self._steps,
+            "game_file": self._loaded,
+        }
+        if self.expert_plan:
+            info["expert_plan"] = list(state.get("extra.expert_plan") or [])
+        return info
