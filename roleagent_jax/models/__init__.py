@@ -1,0 +1,7 @@
+"""Qwen2 decoder in Flax NNX and its Hugging Face checkpoint I/O."""
+
+from roleagent_jax.models.config import Qwen2Config
+from roleagent_jax.models.hf_io import load_pretrained, save_pretrained
+from roleagent_jax.models.qwen2 import KVCache, Qwen2ForCausalLM, init_cache
+
+__all__ = ["KVCache", "Qwen2Config", "Qwen2ForCausalLM", "init_cache", "load_pretrained", "save_pretrained"]

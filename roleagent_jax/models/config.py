@@ -1,0 +1,157 @@
+"""Qwen2 hyper-parameters, read from and written to Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype_name(value: Any) -> str:
+    name = str(value).removeprefix("torch.")
+    if name not in _SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {value!r}: use one of {_SUPPORTED_DTYPES}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config:
+    """Architecture sizes plus our run-time policy (dtypes, remat, layer scan).
+
+    ``param_dtype`` is the storage dtype of the weights, ``dtype`` the compute dtype of activations;
+    logits are always returned in float32 so losses and sampling see full precision.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int = 0
+    rope_theta: float = 1e6
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = True
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: bool = False
+    scan_layers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                    f"{self.num_attention_heads}: give head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype))
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        if isinstance(self.eos_token_id, (list, tuple)):
+            # A tuple keeps the frozen config hashable (it is static metadata of the NNX graph).
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def replace(self, **changes: Any) -> Qwen2Config:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, cfg: dict | str | os.PathLike, **overrides: Any) -> Qwen2Config:
+        """Build from a ``config.json`` dict, the file itself, or the checkpoint directory holding it."""
+        if not isinstance(cfg, dict):
+            path = Path(cfg)
+            if path.is_dir():
+                path = path / "config.json"
+            if not path.is_file():
+                raise FileNotFoundError(f"no Hugging Face config at {path}: pass a checkpoint directory")
+            cfg = json.loads(path.read_text())
+        model_type = cfg.get("model_type")
+        archs = cfg.get("architectures") or []
+        if model_type not in (None, "qwen2") or any(a != "Qwen2ForCausalLM" for a in archs):
+            raise ValueError(
+                f"expected a Qwen2 checkpoint (model_type 'qwen2', architectures ['Qwen2ForCausalLM']), "
+                f"got model_type={model_type!r}, architectures={archs!r}"
+            )
+        if cfg.get("use_sliding_window"):
+            raise ValueError("sliding-window attention is not supported; set use_sliding_window false")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 1e6))
+        kwargs: dict[str, Any] = dict(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=cfg.get("head_dim") or 0,
+            rope_theta=float(theta),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", True)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+        )
+        stored = cfg.get("dtype") or cfg.get("torch_dtype")
+        if stored in _SUPPORTED_DTYPES:
+            kwargs["param_dtype"] = stored
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (Qwen2 uses 'silu')")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown Qwen2Config fields in overrides: {sorted(unknown)}")
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf(self) -> dict:
+        """The ``config.json`` content that ``transformers`` reads as a Qwen2ForCausalLM."""
+        out = {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "use_sliding_window": False,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id)
+            if isinstance(self.eos_token_id, tuple)
+            else self.eos_token_id,
+            "dtype": self.param_dtype,
+            "torch_dtype": self.param_dtype,
+        }
+        return out

@@ -1,0 +1,305 @@
+"""Qwen2 decoder in Flax NNX: full-sequence forward for training and a KV-cache step for sampling.
+
+Weights keep head structure explicit (q kernel ``[hidden, heads, head_dim]``, o kernel
+``[heads, head_dim, hidden]``) so sharding rules can split heads over the ``tensor`` axis and the
+KV cache shares the same layout. With ``scan_layers`` all blocks live in one module whose params have
+a leading ``[layers]`` dimension, and the layer loop is a ``lax.scan``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from roleagent_jax.models.config import Qwen2Config
+
+_NEG = -1e30  # finite so fully-masked (padding) query rows give a uniform softmax instead of NaN
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values, ``[layers, batch, slots, kv_heads, head_dim]``."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An all-zero cache with ``max_len`` slots per row (compute dtype unless given)."""
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    dt = jnp.dtype(dtype or config.dtype)
+    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> nnx.Param:
+    return nnx.Param(0.02 * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
+
+
+class Embedding(nnx.Module):
+    def __init__(self, vocab: int, hidden: int, param_dtype, rngs: nnx.Rngs):
+        self.embedding = _normal(rngs, (vocab, hidden), param_dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, size: int, eps: float, param_dtype, dtype):
+        self.scale = nnx.Param(jnp.ones((size,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Statistics in float32 whatever the compute dtype (as the reference implementation does).
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin ``[B, T, head_dim]`` for per-row positions (half-split rotation layout)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x`` ``[B, T, heads, head_dim]``; computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention without repeating K/V.
+
+    q ``[B, T, N, D]``, k/v ``[B, S, KV, D]``, mask bool ``[B, T, S]`` -> ``[B, T, N, D]``.
+    Query head ``h`` reads KV head ``h // (N // KV)``, matching the Hugging Face head order.
+    """
+    b, t, n, d = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, n // kv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(d))
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, n, d)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
+        h, n, kv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.q_proj = Projection((h, n, d), (n, d) if cfg.attention_bias else None, pdt, rngs)
+        self.k_proj = Projection((h, kv, d), (kv, d) if cfg.attention_bias else None, pdt, rngs)
+        self.v_proj = Projection((h, kv, d), (kv, d) if cfg.attention_bias else None, pdt, rngs)
+        self.o_proj = Projection((n, d, h), None, pdt, rngs)
+        self.cfg = cfg
+
+    def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        dt = x.dtype
+        q = self.q_proj.apply("bth,hnd->btnd", x, dt)
+        k = self.k_proj.apply("bth,hnd->btnd", x, dt)
+        v = self.v_proj.apply("bth,hnd->btnd", x, dt)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out(self, attn: jax.Array) -> jax.Array:
+        return self.o_proj.apply("btnd,ndh->bth", attn, attn.dtype)
+
+
+class Projection(nnx.Module):
+    """A kernel with explicit head axes and an optional bias; ``apply`` runs one einsum."""
+
+    def __init__(self, shape, bias_shape, param_dtype, rngs: nnx.Rngs):
+        self.kernel = _normal(rngs, shape, param_dtype)
+        self.bias = nnx.Param(jnp.zeros(bias_shape, param_dtype)) if bias_shape is not None else None
+
+    def apply(self, spec: str, x: jax.Array, dtype) -> jax.Array:
+        y = jnp.einsum(spec, x, self.kernel[...].astype(dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(dtype)
+        return y
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
+        h, i, pdt = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+        self.gate_proj = Projection((h, i), None, pdt, rngs)
+        self.up_proj = Projection((h, i), None, pdt, rngs)
+        self.down_proj = Projection((i, h), None, pdt, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = x.dtype
+        gate = self.gate_proj.apply("bth,hi->bti", x, dt)
+        up = self.up_proj.apply("bth,hi->bti", x, dt)
+        return self.down_proj.apply("bti,ih->bth", jax.nn.silu(gate) * up, dt)
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: attention and SwiGLU MLP, each with a residual connection."""
+
+    def __init__(self, cfg: Qwen2Config, *, rngs: nnx.Rngs):
+        pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, dt)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, dt)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        x = x + self.attn.out(grouped_attention(q, k, v, mask))
+        return x + self.mlp(self.post_attn_norm(x))
+
+    def decode(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KVCache,
+        layer: jax.Array | int,
+        write_index: jax.Array,
+    ) -> tuple[jax.Array, KVCache]:
+        """Like ``__call__`` but writes this step's K/V into slot ``write_index`` of layer ``layer``
+        of the full cache (an in-place update of only the new slots) and attends over that layer."""
+        q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        zero = jnp.zeros((), jnp.int32)
+        start = (jnp.asarray(layer, jnp.int32), zero, write_index, zero, zero)
+        ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start)
+        cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start)
+        attn = grouped_attention(q, ck[layer].astype(q.dtype), cv[layer].astype(q.dtype), mask)
+        x = x + self.attn.out(attn)
+        return x + self.mlp(self.post_attn_norm(x)), KVCache(ck, cv)
+
+
+def _stack_blocks(cfg: Qwen2Config, rngs: nnx.Rngs) -> Block:
+    """One Block whose params carry a leading layer dimension (for ``lax.scan``)."""
+    graphdef = None
+    states = []
+    for _ in range(cfg.num_hidden_layers):
+        graphdef, state = nnx.split(Block(cfg, rngs=rngs))
+        states.append(state)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    return nnx.merge(graphdef, stacked)
+
+
+class Qwen2ForCausalLM(nnx.Module):
+    """Qwen2 causal LM. Call it for training logits; use ``decode`` with a KVCache for sampling."""
+
+    def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs):
+        cfg = config
+        pdt, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+        self.config = cfg
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, pdt, rngs)
+        if cfg.scan_layers:
+            self.layers = _stack_blocks(cfg, rngs)
+        else:
+            self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, dt)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Projection((cfg.hidden_size, cfg.vocab_size), None, pdt, rngs)
+        )
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _embed(self, input_ids: jax.Array) -> jax.Array:
+        table = self.embed.embedding[...]
+        return jnp.take(table, input_ids, axis=0).astype(self.config.dtype)
+
+    def _logits(self, h: jax.Array) -> jax.Array:
+        dt = jnp.dtype(self.config.dtype)
+        if self.lm_head is None:
+            w = self.embed.embedding[...].astype(dt)
+            return jnp.einsum("bth,vh->btv", h, w, preferred_element_type=jnp.float32)
+        w = self.lm_head.kernel[...].astype(dt)
+        return jnp.einsum("bth,hv->btv", h, w, preferred_element_type=jnp.float32)
+
+    def _run_layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        def body(graphdef, state, h):
+            return nnx.merge(graphdef, state)(h, positions, mask)
+
+        if self.config.remat:
+            body = jax.checkpoint(body, static_argnums=(0,))
+        if self.config.scan_layers:
+            graphdef, state = nnx.split(self.layers)
+            x, _ = jax.lax.scan(lambda h, s: (body(graphdef, s, h), None), x, state)
+            return x
+        for layer in self.layers:
+            graphdef, state = nnx.split(layer)
+            x = body(graphdef, state, x)
+        return x
+
+    # -- public --------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        *,
+        return_hidden: bool = False,
+    ):
+        """Full-sequence forward. Returns float32 logits ``[B, T, V]`` (and final hidden if asked).
+
+        ``attention_mask`` marks real tokens (left or right padding); ``positions`` default to
+        ``cumsum(mask) - 1`` so left-padded rows start at position 0.
+        """
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), jnp.bool_)
+        attention_mask = jnp.asarray(attention_mask).astype(jnp.bool_)
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+        causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
+        mask = causal[None] & attention_mask[:, None, :]
+        x = self._run_layers(self._embed(input_ids), positions, mask)
+        hidden = self.final_norm(x)
+        logits = self._logits(hidden)
+        return (logits, hidden) if return_hidden else logits
+
+    def decode(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        cache: KVCache,
+        write_index: jax.Array,
+        kv_mask: jax.Array,
+    ) -> tuple[jax.Array, KVCache]:
+        """Process ``T >= 1`` new tokens per row against the cache.
+
+        The new tokens go to slots ``[write_index, write_index + T)`` of every row; ``kv_mask``
+        ``[B, S]`` already marks those slots. A query at slot ``write_index + t`` attends to slots
+        ``s <= write_index + t`` with ``kv_mask``. Returns float32 logits ``[B, T, V]`` and the cache.
+        """
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        t = input_ids.shape[1]
+        slots = cache.k.shape[2]
+        write_index = jnp.asarray(write_index, jnp.int32)
+        query_slot = write_index + jnp.arange(t, dtype=jnp.int32)
+        causal = jnp.arange(slots, dtype=jnp.int32)[None, :] <= query_slot[:, None]
+        mask = causal[None] & jnp.asarray(kv_mask).astype(jnp.bool_)[:, None, :]
+        x = self._embed(input_ids)
+
+        def body(graphdef, state, h, kv, layer):
+            return nnx.merge(graphdef, state).decode(h, positions, mask, kv, layer, write_index)
+
+        if self.config.scan_layers:
+            graphdef, state = nnx.split(self.layers)
+
+            def step(carry, inputs):
+                layer_state, layer = inputs
+                return body(graphdef, layer_state, *carry, layer), None
+
+            layer_ids = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
+            (x, cache), _ = jax.lax.scan(step, (x, cache), (state, layer_ids))
+        else:
+            for i, layer in enumerate(self.layers):
+                graphdef, state = nnx.split(layer)
+                x, cache = body(graphdef, state, x, cache, i)
+        logits = self._logits(self.final_norm(x))
+        return logits, cache

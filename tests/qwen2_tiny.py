@@ -1,0 +1,64 @@
+"""Shared helpers for the model tests: tiny random transformers Qwen2 models and padded batches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB = 128
+
+
+def torch_qwen2(tie: bool, kv_heads: int, seed: int = 0, layers: int = 2):
+    """A tiny fp32 transformers Qwen2ForCausalLM with every weight (biases, norms too) randomised."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tie,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+    )
+    model = Qwen2ForCausalLM(cfg).eval().float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.05 * torch.randn_like(p))
+    return model
+
+
+def left_padded_batch(seed: int = 0, lengths=(9, 6, 3, 1), total: int = 9):
+    """ids, mask (left padding, rows of different lengths) and HF-style positions cumsum(mask)-1."""
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(0, VOCAB, (len(lengths), total)).astype(np.int32)
+    mask = np.zeros((len(lengths), total), np.int32)
+    for row, n in enumerate(lengths):
+        mask[row, total - n :] = 1
+    ids = np.where(mask == 1, ids, 0).astype(np.int32)
+    positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int32)
+    return ids, mask, positions
+
+
+def torch_logits(model, ids, mask, positions) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+            position_ids=torch.tensor(positions, dtype=torch.long),
+        )
+    return out.logits.float().numpy()
+
+
+def max_diff_on_real(a, b, mask) -> float:
+    real = np.asarray(mask).astype(bool)
+    return float(np.abs(np.asarray(a) - np.asarray(b))[real].max())

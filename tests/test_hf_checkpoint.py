@@ -1,0 +1,128 @@
+"""Hugging Face checkpoints: transformers Qwen2 -> load_pretrained parity, save_pretrained -> transformers,
+sharded (indexed) checkpoints, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+from qwen2_tiny import left_padded_batch, max_diff_on_real, torch_logits, torch_qwen2
+
+from roleagent_jax.models import Qwen2Config, load_pretrained, save_pretrained
+
+
+@pytest.mark.parametrize("tie,kv_heads", [(False, 4), (False, 2), (True, 2), (True, 4)])
+def test_load_matches_transformers_on_left_padded_batch(tmp_path, tie, kv_heads):
+    torch_model = torch_qwen2(tie=tie, kv_heads=kv_heads)
+    torch_model.save_pretrained(tmp_path)
+    model, cfg = load_pretrained(tmp_path)
+    assert cfg.tie_word_embeddings == tie and cfg.num_key_value_heads == kv_heads
+    assert (model.lm_head is None) == tie
+    ids, mask, pos = left_padded_batch()
+    ref = torch_logits(torch_model, ids, mask, pos)
+    assert max_diff_on_real(model(ids, mask), ref, mask) <= 1e-4
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    torch_model = torch_qwen2(tie=False, kv_heads=2, seed=1)
+    torch_model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    ids, mask, pos = left_padded_batch(seed=3)
+    ref = torch_logits(torch_model, ids, mask, pos)
+    for scan in (False, True):
+        model, _ = load_pretrained(tmp_path, scan_layers=scan)
+        assert max_diff_on_real(model(ids, mask), ref, mask) <= 1e-4
+
+
+@pytest.mark.parametrize("tie,scan", [(False, False), (True, True)])
+def test_save_pretrained_reloads_in_transformers(tmp_path, tie, scan):
+    from transformers import AutoModelForCausalLM
+
+    torch_qwen2(tie=tie, kv_heads=2, seed=2).save_pretrained(tmp_path / "src")
+    model, _ = load_pretrained(tmp_path / "src", scan_layers=scan)
+    save_pretrained(model, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen2ForCausalLM"] and saved["model_type"] == "qwen2"
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().float()
+    ids, mask, pos = left_padded_batch(seed=4)
+    assert max_diff_on_real(model(ids, mask), torch_logits(reloaded, ids, mask, pos), mask) <= 1e-4
+    again, _ = load_pretrained(tmp_path / "out", scan_layers=scan)
+    for (key, a), (_, b) in zip(nnx.to_flat_state(nnx.state(again)), nnx.to_flat_state(nnx.state(model))):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(key))
+
+
+def test_bfloat16_round_trip(tmp_path):
+    torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path / "src")
+    model, cfg = load_pretrained(tmp_path / "src", dtype="bfloat16")
+    assert cfg.param_dtype == "bfloat16" and model.embed.embedding[...].dtype.name == "bfloat16"
+    save_pretrained(model, tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    again, cfg2 = load_pretrained(tmp_path / "bf16")
+    assert cfg2.param_dtype == "bfloat16" and cfg2.dtype == "float32"  # stored dtype; compute stays fp32
+    for (key, a), (_, b) in zip(nnx.to_flat_state(nnx.state(again)), nnx.to_flat_state(nnx.state(model))):
+        assert a[...].dtype == b[...].dtype
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(key))
+
+
+def test_missing_directory_and_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config"):
+        load_pretrained(tmp_path)
+    torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_pretrained(tmp_path)
+
+
+def test_wrong_architecture(tmp_path):
+    torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="Qwen2"):
+        load_pretrained(tmp_path)
+
+
+def test_shape_mismatch_and_missing_tensor(tmp_path):
+    torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 80}))
+    with pytest.raises(
+        ValueError, match=r"mlp\.\w+_proj\.weight has shape \(\d+, \d+\) .* implies \((80, 64|64, 80)\)"
+    ):
+        load_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match=r"model.layers.2.* missing"):
+        load_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    tied_dir = tmp_path / "tied"
+    torch_qwen2(tie=True, kv_heads=2).save_pretrained(tied_dir)
+    tied_cfg = json.loads((tied_dir / "config.json").read_text())
+    (tied_dir / "config.json").write_text(json.dumps({**tied_cfg, "tie_word_embeddings": False}))
+    with pytest.raises(ValueError, match="lm_head.weight is missing"):
+        load_pretrained(tied_dir)
+
+
+def test_config_round_trip_and_overrides():
+    cfg = Qwen2Config.from_hf(
+        {
+            "model_type": "qwen2",
+            "vocab_size": 10,
+            "hidden_size": 8,
+            "intermediate_size": 12,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0},
+            "eos_token_id": [3, 4],
+        },
+        remat=True,
+    )
+    assert cfg.head_dim == 4 and cfg.rope_theta == 5000.0 and cfg.remat and cfg.eos_token_id == (3, 4)
+    assert Qwen2Config.from_hf(cfg.to_hf()).replace(remat=True) == cfg
+    with pytest.raises(ValueError, match="unknown Qwen2Config fields"):
+        Qwen2Config.from_hf(cfg.to_hf(), not_a_field=1)

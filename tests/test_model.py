@@ -1,0 +1,170 @@
+"""Qwen2 NNX model behaviour: KV-cache decoding == full forward, remat/scan variants, dtype policy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from qwen2_tiny import left_padded_batch, max_diff_on_real
+
+from roleagent_jax.models import KVCache, Qwen2Config, Qwen2ForCausalLM, init_cache
+
+
+def tiny_config(**kw) -> Qwen2Config:
+    base = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+    )
+    return Qwen2Config(**{**base, **kw})
+
+
+def random_model(cfg: Qwen2Config, seed: int = 0) -> Qwen2ForCausalLM:
+    """Model with weights large enough that attention patterns matter (default init is near uniform)."""
+    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+    state = nnx.state(model)
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    noisy = [
+        (x + 0.1 * jax.random.normal(k, x.shape)).astype(x.dtype) if x.ndim else x
+        for x, k in zip(leaves, keys)
+    ]
+    nnx.update(model, jax.tree.unflatten(treedef, noisy))
+    return model
+
+
+def test_default_positions_are_cumsum_of_mask():
+    model = random_model(tiny_config())
+    ids, mask, pos = left_padded_batch()
+    implicit = model(ids, mask)
+    explicit = model(ids, mask, jnp.asarray(pos))
+    assert implicit.dtype == jnp.float32 and implicit.shape == (4, 9, 128)
+    np.testing.assert_allclose(np.asarray(implicit), np.asarray(explicit), atol=1e-6)
+    # A left-padded row gives the same logits as the same tokens unpadded.
+    alone = model(ids[1:2, 3:], mask[1:2, 3:])
+    np.testing.assert_allclose(np.asarray(implicit)[1, 3:], np.asarray(alone)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_decode_token_by_token_matches_forward(scan_layers, kv_heads):
+    cfg = tiny_config(num_key_value_heads=kv_heads, scan_layers=scan_layers)
+    model = random_model(cfg)
+    ids, mask, pos = left_padded_batch()
+    full = np.asarray(model(ids, mask))
+    b, t = ids.shape
+    slots = t + 3  # unused trailing slots must not matter
+    cache = init_cache(cfg, b, slots)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def step(params, tok, p, cache, w, kv_mask):
+        return nnx.merge(graphdef, params).decode(tok, p, cache, w, kv_mask)
+
+    kv_mask = np.zeros((b, slots), bool)
+    got = []
+    for i in range(t):
+        kv_mask[:, i] = mask[:, i].astype(bool)
+        logits, cache = step(params, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), kv_mask)
+        got.append(np.asarray(logits)[:, 0])
+    assert isinstance(cache, KVCache) and cache.k.shape == (2, b, slots, kv_heads, cfg.head_dim)
+    assert max_diff_on_real(np.stack(got, 1), full, mask) < 1e-5
+
+
+def test_prefill_then_single_steps_with_donated_cache():
+    cfg = tiny_config()
+    model = random_model(cfg, seed=3)
+    ids, mask, pos = left_padded_batch(seed=1)
+    full = np.asarray(model(ids, mask))
+    b, t = ids.shape
+    graphdef, params = nnx.split(model)
+    step = jax.jit(
+        lambda params, tok, p, cache, w, m: nnx.merge(graphdef, params).decode(tok, p, cache, w, m),
+        donate_argnums=(3,),
+    )
+    cache = init_cache(cfg, b, 16)
+    kv_mask = np.zeros((b, 16), bool)
+    n = 5
+    kv_mask[:, :n] = mask[:, :n].astype(bool)
+    logits, cache = step(params, ids[:, :n], pos[:, :n], cache, jnp.int32(0), kv_mask)
+    got = [np.asarray(logits)]
+    for i in range(n, t):
+        kv_mask[:, i] = mask[:, i].astype(bool)
+        logits, cache = step(params, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), kv_mask)
+        got.append(np.asarray(logits))
+    assert max_diff_on_real(np.concatenate(got, 1), full, mask) < 1e-5
+
+
+def copy_params(src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+    """Give ``dst`` the weights of ``src``, stacking per-layer params when ``dst`` scans layers."""
+    flat = {tuple(k): v[...] for k, v in nnx.to_flat_state(nnx.state(src))}
+    layers = src.config.num_hidden_layers
+    new = []
+    for key, var in nnx.to_flat_state(nnx.state(dst)):
+        if dst.config.scan_layers and key[0] == "layers":
+            value = jnp.stack([flat[("layers", i, *key[1:])] for i in range(layers)])
+        else:
+            value = flat[tuple(key)]
+        new.append((key, var.replace(value.astype(var[...].dtype))))
+    nnx.update(dst, nnx.from_flat_state(new))
+    return dst
+
+
+def _loss_and_grads(model, ids, mask):
+    graphdef, params = nnx.split(model)
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params)(ids, mask)
+        logp = jax.nn.log_softmax(logits[:, :-1])
+        tok = jnp.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0]
+        return -(tok * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_remat_and_scan_variants_match():
+    ids, mask, _ = left_padded_batch(seed=2)
+    base = random_model(tiny_config())
+    ref_logits = np.asarray(base(ids, mask))
+    ref_loss, ref_grads = _loss_and_grads(base, ids, mask)
+    ref_flat = {tuple(k): np.asarray(v[...]) for k, v in nnx.to_flat_state(ref_grads)}
+    for overrides in ({"remat": True}, {"scan_layers": True}, {"scan_layers": True, "remat": True}):
+        variant = copy_params(base, Qwen2ForCausalLM(tiny_config(**overrides), rngs=nnx.Rngs(5)))
+        np.testing.assert_allclose(np.asarray(variant(ids, mask)), ref_logits, atol=1e-5)
+        loss, grads = _loss_and_grads(variant, ids, mask)
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
+        for key, g in nnx.to_flat_state(grads):
+            g = np.asarray(g[...])
+            if overrides.get("scan_layers") and key[0] == "layers":
+                want = np.stack([ref_flat[("layers", i, *key[1:])] for i in range(2)])
+            else:
+                want = ref_flat[tuple(key)]
+            np.testing.assert_allclose(g, want, atol=1e-5, err_msg=str(key))
+
+
+def test_bfloat16_policy_keeps_float32_logits():
+    ids, mask, _ = left_padded_batch()
+    f32 = random_model(tiny_config())
+    bf16 = Qwen2ForCausalLM(tiny_config(param_dtype="bfloat16", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    copy_params(f32, bf16)
+    assert all(v[...].dtype == jnp.bfloat16 for _, v in nnx.to_flat_state(nnx.state(bf16)))
+    out = bf16(ids, mask)
+    assert out.dtype == jnp.float32
+    assert max_diff_on_real(out, f32(ids, mask), mask) < 0.1
+    mixed = Qwen2ForCausalLM(tiny_config(param_dtype="float32", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    copy_params(f32, mixed)
+    assert mixed(ids, mask).dtype == jnp.float32
+    assert init_cache(mixed.config, 2, 4).k.dtype == jnp.bfloat16
+
+
+def test_config_rejects_inconsistent_heads():
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        tiny_config(num_key_value_heads=3)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        tiny_config(dtype="float8")
