@@ -1,0 +1,413 @@
+"""One batched, jitted sampler for every role of the policy (agent, predictor, analyst).
+
+A call takes requests of any prompt length and returns, per request, the generated ids, their
+log-probs under the policy at temperature 1, the text and why generation ended. Shapes are rounded
+up to buckets (batch, prompt length, new tokens, stop-string sizes) so a long run compiles a handful
+of programs; the weights are an argument of both jitted functions, so a new policy every training
+step never recompiles. Prompts are left-padded so that every row writes its new token into the same
+cache slot; per-row positions keep RoPE right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from roleagent_jax.models import Qwen2Config, init_cache
+from roleagent_jax.sampling import stops as stops_lib
+from roleagent_jax.sampling.choose import choose_tokens
+
+FINISH_REASONS = ("running", "eos", "stop", "length")  # index = the code the decode loop writes
+_EOS, _STOP, _LENGTH = 1, 2, 3
+
+
+@dataclass
+class SampleRequest:
+    """One generation request. `stop` strings end the response; the matched stop stays in the text."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    role: str = "agent"
+
+
+@dataclass
+class SampleResult:
+    """What one request produced.
+
+    token_ids: generated ids, up to and including the token that ended generation (the EOS id itself,
+        or the token that completed a stop string), never anything after it.
+    logprobs: log_softmax(raw logits)[token] per generated id: the policy at temperature 1 without
+        top-k/top-p truncation, which is what the PPO ratio against the training forward needs.
+    text: decoded text; with a stop it ends exactly at the end of the first stop string (the stop is
+        kept, e.g. "...</action>", so an action parser sees the closing tag); without the EOS token.
+    finish_reason: "eos" | "stop" | "length".
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    role: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding rule. temperature == 0 means greedy; top_k == 0 and top_p == 1 disable truncation."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+def _bucket(n: int, buckets: Sequence[int], what: str, hint: str) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]}: {hint}")
+
+
+def _pow2_at_least(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(sorted({int(b) for b in buckets}))
+    if not out or out[0] < 1:
+        raise ValueError(f"{name} must be a non-empty list of positive sizes, got {buckets!r}")
+    return out
+
+
+class Sampler:
+    """Batched generation with a KV cache: jitted prefill, then one jitted `lax.while_loop` decode.
+
+    `num_compilations` counts traces of the two jitted functions (one per new bucket shape or
+    sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
+    With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
+    `sharding.cache_sharding` and the weights `sharding.param_shardings`.
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        config: Qwen2Config,
+        tokenizer,
+        mesh: jax.sharding.Mesh | None = None,
+        *,
+        eos_ids: Sequence[int] | None = None,
+        batch_buckets: Sequence[int] = (8, 16, 32, 64, 128, 256),
+        prompt_buckets: Sequence[int] = (64, 128, 256, 512, 1024, 2048, 4096),
+        max_new_tokens_cap: int = 512,
+        new_token_buckets: Sequence[int] | None = None,
+        pad_id: int | None = None,
+    ) -> None:
+        if max_new_tokens_cap < 1:
+            raise ValueError(f"max_new_tokens_cap must be >= 1, got {max_new_tokens_cap}")
+        self.graphdef = graphdef
+        self.config = config
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        if eos_ids is None:
+            found = [getattr(tokenizer, "eos_token_id", None), config.eos_token_id]
+            flat = [i for x in found for i in (x if isinstance(x, list | tuple) else [x])]
+            eos_ids = [i for i in flat if i is not None]
+        self.eos_ids = tuple(sorted({int(i) for i in eos_ids}))
+        if pad_id is None:
+            pad_id = getattr(tokenizer, "pad_token_id", None)
+            pad_id = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.pad_id = int(pad_id)
+        self.batch_buckets = _check_buckets("batch_buckets", batch_buckets)
+        self.prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
+        self.max_new_tokens_cap = int(max_new_tokens_cap)
+        if new_token_buckets is None:
+            new_token_buckets = [b for b in (2**k for k in range(4, 20)) if b < max_new_tokens_cap]
+        self.new_token_buckets = _check_buckets(
+            "new_token_buckets",
+            [b for b in new_token_buckets if b <= max_new_tokens_cap] + [max_new_tokens_cap],
+        )
+        self.row_multiple = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+        self.num_compilations = 0
+        self._pieces: list[bytes] | None = None
+        self._table: tuple[jax.Array, jax.Array] | None = None
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("cache_len",))
+        self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
+
+    # ---------------------------------------------------------------- placement helpers
+    def _constrain(self, x: jax.Array, spec: P | None = None) -> jax.Array:
+        if self.mesh is None:
+            return x
+        from roleagent_jax.sharding import BATCH_SPEC
+
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(self.mesh, spec if spec is not None else BATCH_SPEC)
+        )
+
+    def _constrain_cache(self, cache):
+        if self.mesh is None:
+            return cache
+        from roleagent_jax.sharding import cache_sharding
+
+        return jax.lax.with_sharding_constraint(cache, cache_sharding(self.mesh, self.config))
+
+    def _put_rows(self, x: np.ndarray) -> jax.Array:
+        if self.mesh is None:
+            return jnp.asarray(x)
+        from roleagent_jax.sharding import batch_sharding
+
+        return jax.device_put(x, batch_sharding(self.mesh, x.ndim))
+
+    def _put_replicated(self, x) -> jax.Array:
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, NamedSharding(self.mesh, P()))
+
+    def _place_params(self, params):
+        if self.mesh is None:
+            return params
+        from roleagent_jax.sharding import param_shardings
+
+        return jax.device_put(params, param_shardings(params, self.mesh))
+
+    def _byte_table(self) -> tuple[jax.Array, jax.Array]:
+        if self._table is None:
+            self._pieces = stops_lib.token_bytes(self.tokenizer, self.config.vocab_size)
+            table, lengths = stops_lib.byte_table(self._pieces)
+            self._table = (self._put_replicated(table), self._put_replicated(lengths))
+        return self._table
+
+    # ---------------------------------------------------------------- jitted programs
+    def _prefill_fn(self, params, ids, mask, *, cache_len: int):
+        """Run the whole (left-padded) prompt through the model, filling cache slots [0, P).
+
+        Only the last slot's logits are needed. The prompt goes in as two calls, all but the last
+        token and then the last one, so the unused logits of the first call are dead code that XLA
+        drops: the vocabulary projection runs for one position per row instead of P.
+        """
+        self.num_compilations += 1
+        batch, plen = ids.shape
+        model = nnx.merge(self.graphdef, params)
+        cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
+        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+        kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
+        head = plen - 1
+        if head:
+            _, cache = model.decode(ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask)
+        logits, cache = model.decode(ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask)
+        return self._constrain(logits[:, -1]), self._constrain_cache(cache)
+
+    def _decode_fn(
+        self,
+        params,
+        cache,
+        logits,
+        prompt_mask,
+        max_new,
+        stop_bytes,
+        stop_len,
+        table,
+        rng,
+        knobs,
+        eos,
+        *,
+        mode,
+    ):
+        """Sample token 0 from the prefill logits, then feed/sample until every row is done.
+
+        Returns (tokens [B, N], logprobs [B, N], n_generated [B], finish code [B]) and the final cache.
+        """
+        self.num_compilations += 1
+        greedy, top_k, use_top_p, new_tokens = mode
+        batch, plen = prompt_mask.shape
+        prompt_len = prompt_mask.sum(axis=1).astype(jnp.int32)
+        use_stops = stop_bytes is not None
+        temperature, top_p = knobs[0], knobs[1]
+
+        def choose(lg, step):
+            key = jax.random.fold_in(rng, step)
+            return choose_tokens(lg, key, temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+
+        def record(state, tok, logp, step):
+            tokens, logps, done, finish, n_gen, window = state
+            live = ~done
+            tok = jnp.where(live, tok, self.pad_id)
+            tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
+            logps = jax.lax.dynamic_update_slice(logps, jnp.where(live, logp, 0.0)[:, None], (0, step))
+            is_eos = jnp.any(tok[:, None] == eos[None, :], axis=1)
+            if use_stops:
+                window, hit = stops_lib.append_and_match(
+                    window, table[0][tok], table[1][tok], stop_bytes, stop_len
+                )
+            else:
+                hit = jnp.zeros_like(done)
+            code = jnp.where(is_eos, _EOS, jnp.where(hit, _STOP, jnp.where(step + 1 >= max_new, _LENGTH, 0)))
+            ends = live & (code > 0)
+            finish = jnp.where(ends, code, finish)
+            n_gen = jnp.where(ends, step + 1, n_gen)
+            return (tokens, logps, done | ends, finish, n_gen, window), tok
+
+        width = stops_lib.window_width(stop_bytes.shape[2], table[0].shape[1]) if use_stops else 1
+        state = (
+            self._constrain(jnp.full((batch, new_tokens), self.pad_id, jnp.int32)),
+            self._constrain(jnp.zeros((batch, new_tokens), jnp.float32)),
+            max_new <= 0,
+            jnp.zeros((batch,), jnp.int32),
+            jnp.zeros((batch,), jnp.int32),
+            self._constrain(jnp.full((batch, width), stops_lib.EMPTY, jnp.int32)),
+        )
+        tok, logp = choose(logits, 0)
+        state, tok = record(state, tok, logp, 0)
+
+        def keep_going(carry):
+            step, _, _, state = carry
+            return (step < new_tokens) & ~jnp.all(state[2])
+
+        def one_token(carry):
+            step, last, cache, state = carry
+            model = nnx.merge(self.graphdef, params)
+            slot = plen + step - 1  # where the previous token goes
+            positions = (prompt_len + step - 1)[:, None]
+            kv_mask = jnp.concatenate(
+                [
+                    prompt_mask.astype(bool),
+                    jnp.broadcast_to(jnp.arange(new_tokens) < step, (batch, new_tokens)),
+                ],
+                axis=1,
+            )
+            lg, cache = model.decode(last[:, None], positions, cache, slot, self._constrain(kv_mask))
+            tok, logp = choose(lg[:, 0], step)
+            state, tok = record(state, tok, logp, step)
+            return step + 1, tok, self._constrain_cache(cache), state
+
+        carry = (jnp.int32(1), tok, cache, state)
+        _, _, cache, state = jax.lax.while_loop(keep_going, one_token, carry)
+        tokens, logps, _, finish, n_gen, _ = state
+        # The cache is returned (and dropped by the caller) so the donated input buffer can alias it:
+        # the loop then updates the prefill's cache in place instead of copying it first.
+        return (tokens, logps, n_gen, finish), cache
+
+    # ---------------------------------------------------------------- public API
+    def generate(
+        self,
+        params,
+        requests: Sequence[SampleRequest],
+        params_sampling: SamplingParams,
+        rng: jax.Array,
+    ) -> list[SampleResult]:
+        """Generate for every request (in order). More requests than the largest batch bucket are
+        served in consecutive chunks, each with its own key folded from `rng`."""
+        if not requests:
+            return []
+        for r in requests:
+            self._validate(r)
+        params = self._place_params(params)
+        chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
+        results: list[SampleResult] = []
+        for c, start in enumerate(range(0, len(requests), chunk)):
+            key = rng if start == 0 else jax.random.fold_in(rng, c)
+            results.extend(
+                self._generate_chunk(params, requests[start : start + chunk], params_sampling, key)
+            )
+        return results
+
+    def _validate(self, r: SampleRequest) -> None:
+        if len(r.prompt_ids) == 0:
+            raise ValueError("a request has an empty prompt: give at least one token id")
+        lo, hi = min(r.prompt_ids), max(r.prompt_ids)
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"prompt ids must lie in [0, {self.config.vocab_size}), got min {lo} max {hi}")
+        if not 1 <= r.max_new_tokens <= self.max_new_tokens_cap:
+            raise ValueError(
+                f"max_new_tokens must be in [1, {self.max_new_tokens_cap}] (the sampler's max_new_tokens_cap), "
+                f"got {r.max_new_tokens}"
+            )
+        if isinstance(r.stop, str) or any(not isinstance(s, str) or not s for s in r.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {r.stop!r}")
+
+    def _generate_chunk(self, params, requests, sp: SamplingParams, rng) -> list[SampleResult]:
+        n = len(requests)
+        batch = _bucket(n, self.batch_buckets, "batch size", "raise batch_buckets")
+        batch = -(-batch // self.row_multiple) * self.row_multiple
+        longest = max(len(r.prompt_ids) for r in requests)
+        plen = _bucket(
+            longest, self.prompt_buckets, "prompt length", "truncate prompts or add a prompt bucket"
+        )
+        new_tokens = _bucket(
+            max(r.max_new_tokens for r in requests), self.new_token_buckets, "max_new_tokens", "raise the cap"
+        )
+
+        ids = np.full((batch, plen), self.pad_id, np.int32)
+        mask = np.zeros((batch, plen), np.int32)
+        max_new = np.zeros((batch,), np.int32)
+        ids[n:, -1], mask[n:, -1] = self.pad_id, 1  # idle rows: one real token, stopped from the start
+        for b, r in enumerate(requests):
+            ids[b, plen - len(r.prompt_ids) :] = r.prompt_ids
+            mask[b, plen - len(r.prompt_ids) :] = 1
+            max_new[b] = r.max_new_tokens
+
+        n_stop = max(len(r.stop) for r in requests)
+        if n_stop:
+            widest = max(len(s.encode("utf-8")) for r in requests for s in r.stop)
+            stop_bytes, stop_len = stops_lib.encode_stops(
+                [r.stop for r in requests] + [()] * (batch - n),
+                _pow2_at_least(n_stop),
+                _pow2_at_least(widest, 8),
+            )
+            stop_bytes, stop_len, table = (
+                self._put_rows(stop_bytes),
+                self._put_rows(stop_len),
+                self._byte_table(),
+            )
+        else:
+            stop_bytes = stop_len = table = None
+
+        greedy = sp.is_greedy
+        mode = (greedy, 0 if greedy else int(sp.top_k), (not greedy) and sp.top_p < 1.0, new_tokens)
+        knobs = self._put_replicated(np.array([max(sp.temperature, 1e-6), sp.top_p], np.float32))
+        eos = self._put_replicated(np.array(self.eos_ids or [-1], np.int32))
+        prompt_mask = self._put_rows(mask)
+        logits, cache = self._prefill(params, self._put_rows(ids), prompt_mask, cache_len=plen + new_tokens)
+        out = self._decode(
+            params, cache, logits, prompt_mask, self._put_rows(max_new), stop_bytes, stop_len, table,
+            self._put_replicated(rng), knobs, eos, mode=mode,
+        )  # fmt: skip
+        tokens, logps, n_gen, finish = jax.device_get(out[0])
+        return [
+            self._result(r, tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b]))
+            for b, r in enumerate(requests)
+        ]
+
+    def _result(self, r: SampleRequest, ids: np.ndarray, logps: np.ndarray, code: int) -> SampleResult:
+        ids_list = [int(t) for t in ids]
+        reason = FINISH_REASONS[code]
+        shown = ids_list[:-1] if reason == "eos" else ids_list
+        text = self.tokenizer.decode(shown, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if reason == "stop":
+            end = stops_lib.first_stop_end_text(text, r.stop)
+            if end is None:  # the tokenizer's text disagrees with its raw bytes: cut the bytes instead
+                assert self._pieces is not None
+                data = b"".join(self._pieces[t] for t in ids_list)
+                end_b = stops_lib.first_stop_end(data, r.stop)
+                text = data[:end_b].decode("utf-8", errors="replace") if end_b is not None else text
+            else:
+                text = text[:end]
+        return SampleResult(ids_list, [float(x) for x in logps], text, reason, r.role)
