@@ -1,0 +1,194 @@
+"""One AIW round between training iterations: record failures, retrieve similar tasks, reshape sampling.
+
+The rollout and trainer call this; everything here is host-side and deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from roleagent_jax.aiw.heuristic import heuristic_analyse
+from roleagent_jax.aiw.memory import FailureMemory
+from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
+from roleagent_jax.aiw.retrieval import TaskIndex, retrieve_many
+from roleagent_jax.aiw.task_sampler import TaskSampler
+from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, taxonomy
+from roleagent_jax.types import Trajectory
+
+TOP_BOOSTED = 8
+
+
+@dataclass
+class AIWState:
+    """Everything AIW carries across iterations (all of it goes into checkpoints via ``state_dict``)."""
+
+    sampler: TaskSampler
+    memory: FailureMemory
+    history: list[dict] = field(default_factory=list)  # one entry per round (JSON-friendly)
+    index: TaskIndex | None = None  # the pool at pattern level, built on first use
+
+    def state_dict(self) -> dict:
+        return {
+            "sampler": self.sampler.state_dict(),
+            "memory": self.memory.state_dict(),
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.memory.load_state_dict(state["memory"])
+        self.history = [dict(h) for h in state["history"]]
+
+    def top_boosted(self, n: int = 10) -> list[str]:
+        """Readable lines for the tasks the sampler currently favours most."""
+        p = self.sampler.probs()
+        order = np.argsort(-self.sampler.logits, kind="stable")[:n]
+        out = []
+        for t in order:
+            if self.sampler.logits[t] <= 0:
+                break
+            desc = f"{self.index.task_types[t]}: {self.index.goals[t]}" if self.index is not None else ""
+            out.append(f"task {int(t)} logit {self.sampler.logits[t]:.2f} p={p[t]:.4f} {desc}".rstrip())
+        return out
+
+
+def _cfg(cfg, name: str, default):
+    value = getattr(cfg, name, default) if cfg is not None else default
+    return default if value is None else value
+
+
+def analysis_request(traj: Trajectory, encode: Callable[[str], list[int]], max_tokens: int, **prompt_kw):
+    """A sampler request for the analyst role (imported lazily: AIW itself stays free of JAX)."""
+    from roleagent_jax.sampling import SampleRequest
+
+    return SampleRequest(
+        encode(build_analysis_prompt(traj, **prompt_kw)), max_tokens, stop=(ANALYSIS_STOP,), role="analyst"
+    )
+
+
+def analyse_failures(
+    trajs: Sequence[Trajectory],
+    texts: Sequence[str] | None = None,
+    env: str = "alfworld",
+    max_steps: int = 50,
+) -> list[FailureReport]:
+    """Heuristic reports, or parsed LLM answers with the heuristic standing in for unusable ones.
+
+    A replaced answer keeps its raw text on the heuristic report, so bad analyses stay inspectable.
+    """
+    if texts is None:
+        return [heuristic_analyse(t, max_steps) for t in trajs]
+    if len(texts) != len(trajs):
+        raise ValueError(f"{len(texts)} analyses for {len(trajs)} trajectories")
+    out = []
+    for t, text in zip(trajs, texts):
+        rep = parse_failure_report(text, env)
+        if not rep.usable:
+            raw = rep.raw
+            rep = heuristic_analyse(t, max_steps)
+            rep.raw = raw
+        out.append(rep)
+    return out
+
+
+def aiw_round(
+    state: AIWState,
+    failed_trajs: Sequence[Trajectory],
+    reports: Sequence[FailureReport],
+    pool,
+    cfg,
+    iteration: int,
+    *,
+    embed_fn: Callable[[list[str]], np.ndarray] | None = None,
+    choose_fn: Callable[[list[str]], list[str]] | None = None,
+    env: str = "alfworld",
+) -> dict[str, float]:
+    """Add the reports to memory, retrieve similar tasks, update the sampler; returns scalar metrics.
+
+    Boosts: each failed task gets ``self_boost`` (default 1.0), each retrieved task its similarity;
+    per task the round's boosts are combined by ``aggregate`` ("max", default, or "sum"). Episodes the
+    environment broke (``env_failed``) are not agent failures and are skipped. ``cfg`` fields read (all
+    optional): retrieval, top_k, min_sim, self_boost, aggregate, seed.
+    """
+    if len(failed_trajs) != len(reports):
+        raise ValueError(f"{len(reports)} reports for {len(failed_trajs)} failed trajectories")
+    aggregate = _cfg(cfg, "aggregate", "max")
+    if aggregate not in ("max", "sum"):
+        raise ValueError(f"aiw.aggregate must be 'max' or 'sum', got {aggregate!r}")
+    if state.index is None or len(state.index) != len(pool.goals if hasattr(pool, "goals") else pool):
+        state.index = TaskIndex.build(pool)
+    index = state.index
+    if len(index) != state.sampler.n_tasks:
+        raise ValueError(f"pool has {len(index)} tasks but the sampler {state.sampler.n_tasks}")
+    pairs = [(t, r) for t, r in zip(failed_trajs, reports) if not t.env_failed]
+    state.memory.add_many([(iteration, t, r) for t, r in pairs])
+
+    seed = int(_cfg(cfg, "seed", 0))
+    hits = retrieve_many(
+        [r for _, r in pairs],
+        index,
+        state.memory,
+        mode=_cfg(cfg, "retrieval", "fuzzy"),
+        k=int(_cfg(cfg, "top_k", 3)),
+        task_types=[t.task_type for t, _ in pairs],
+        exclude=[[t.task_id] for t, _ in pairs],
+        min_sim=float(_cfg(cfg, "min_sim", 0.0)),
+        embed_fn=embed_fn,
+        choose_fn=choose_fn,
+        seed=seed * 1_000_003 + int(iteration),
+    )
+    self_boost = float(_cfg(cfg, "self_boost", 1.0))
+    boosts: dict[int, float] = {}
+    for (traj, _), found in zip(pairs, hits):
+        for task, sim in [(traj.task_id, self_boost), *found]:
+            prev = boosts.get(task)
+            boosts[task] = sim if prev is None else (max(prev, sim) if aggregate == "max" else prev + sim)
+    state.sampler.update(boosts)
+
+    counts = Counter(r.failure_type for _, r in pairs)
+    probs = state.sampler.probs()
+    share: dict[str, float] = {}
+    for tt, p in zip(index.task_types, probs):
+        share[tt] = share.get(tt, 0.0) + float(p)
+    top = sorted(boosts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_BOOSTED]
+    entropy = state.sampler.entropy()
+    state.history.append(
+        {
+            "iteration": int(iteration),
+            "type_counts": {k: int(v) for k, v in sorted(counts.items())},
+            "top_boosted": [[int(t), round(float(b), 4), index.task_types[t]] for t, b in top],
+            "type_share": share,
+            "entropy": entropy,
+        }
+    )
+    metrics = {f"aiw/fail/{name}": float(counts.get(name, 0)) for name in taxonomy(env)}
+    metrics.update({f"aiw/share/{tt}": v for tt, v in share.items()})
+    metrics.update(
+        {
+            "aiw/n_failed": float(len(pairs)),
+            "aiw/n_env_failed": float(len(failed_trajs) - len(pairs)),
+            "aiw/usable_rate": float(np.mean([r.usable for _, r in pairs])) if pairs else 0.0,
+            "aiw/unknown_rate": counts.get(UNKNOWN, 0) / len(pairs) if pairs else 0.0,
+            "aiw/n_boosted": float(len(boosts)),
+            "aiw/entropy": entropy,
+            "aiw/entropy_norm": entropy / math.log(len(probs)) if len(probs) > 1 else 1.0,
+            "aiw/max_prob": float(probs.max()),
+            "aiw/memory_records": float(len(state.memory)),
+        }
+    )
+    return metrics
+
+
+def format_round(metrics: dict[str, float], history_entry: dict | None = None) -> str:
+    """One log line: failure-type histogram and the most boosted tasks of the round."""
+    fails = {k.split("/", 2)[2]: int(v) for k, v in metrics.items() if k.startswith("aiw/fail/") and v}
+    hist = ", ".join(f"{k}={v}" for k, v in sorted(fails.items(), key=lambda kv: -kv[1])) or "none"
+    line = f"AIW: {int(metrics.get('aiw/n_failed', 0))} failures [{hist}] entropy={metrics.get('aiw/entropy', 0):.3f}"
+    if history_entry and history_entry.get("top_boosted"):
+        line += " top: " + ", ".join(f"#{t}({b:.2f})" for t, b, _ in history_entry["top_boosted"][:5])
+    return line

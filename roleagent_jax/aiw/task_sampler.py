@@ -1,0 +1,139 @@
+"""Failure-driven task sampling: one bounded, decaying logit per task of the pool.
+
+Per round, ``update`` first decays every logit toward 0 (``logits *= decay``) and then adds the
+round's boosts ``eta * similarity`` before clipping to ``[-bound, bound]``. Decaying first means a
+fresh failure acts at full strength on the very next sampling, while old ones fade geometrically;
+with no new failures the logits go to 0 and the distribution back to uniform.
+
+    p = (1 - epsilon) * softmax(logits / temperature) + epsilon / N,   then the optional cap.
+
+The uniform floor keeps every task at least ``epsilon / N`` (no starvation); the bound and the cap keep
+any task from taking over (the public code's weights only grow).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def apply_cap(p: np.ndarray, cap: float) -> np.ndarray:
+    """Water-filling: clip entries to ``cap`` and hand the excess to the rest in proportion to their mass.
+
+    Iterates until no entry exceeds ``cap``; needs ``cap * len(p) >= 1``. Entries below the cap only
+    grow, so a floor such as epsilon/N is preserved.
+    """
+    p = np.asarray(p, np.float64).copy()
+    n = p.size
+    if cap * n < 1.0 - 1e-12:
+        raise ValueError(f"cap {cap} is infeasible for {n} tasks: need cap >= 1/N = {1.0 / n:.6g}")
+    fixed = np.zeros(n, bool)
+    for _ in range(n + 1):
+        over = (p > cap) & ~fixed
+        if not over.any():
+            break
+        fixed |= over
+        p[fixed] = cap
+        rest = ~fixed
+        free_mass = 1.0 - cap * fixed.sum()
+        if not rest.any():
+            break
+        s = p[rest].sum()
+        p[rest] = p[rest] * (free_mass / s) if s > 0 else free_mass / rest.sum()
+    return p / p.sum()
+
+
+class TaskSampler:
+    """Seeded sampler of task ids whose probabilities follow recent failures (see module docstring)."""
+
+    def __init__(
+        self,
+        n_tasks: int,
+        eta: float = 1.0,
+        decay: float = 0.9,
+        temperature: float = 1.0,
+        epsilon: float = 0.1,
+        cap: float | None = None,
+        seed: int = 0,
+        bound: float = 5.0,
+    ):
+        if n_tasks < 1:
+            raise ValueError(f"the task pool is empty (n_tasks={n_tasks})")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+        if eta < 0 or bound <= 0:
+            raise ValueError(f"eta must be >= 0 and bound > 0, got eta={eta}, bound={bound}")
+        if cap is not None and not (1.0 / n_tasks - 1e-12 <= cap <= 1.0):
+            raise ValueError(f"cap must be in [1/N, 1] = [{1.0 / n_tasks:.6g}, 1] for N={n_tasks}, got {cap}")
+        self.n_tasks = int(n_tasks)
+        self.eta, self.decay, self.temperature = float(eta), float(decay), float(temperature)
+        self.epsilon, self.cap, self.bound = float(epsilon), cap, float(bound)
+        self.logits = np.zeros(self.n_tasks, np.float64)
+        self.rng = np.random.default_rng(seed)
+
+    def update(self, boosts: Mapping[int, float]) -> None:
+        """One round: decay all logits, add ``eta * similarity`` to the boosted tasks, clip."""
+        self.logits *= self.decay
+        for task, sim in boosts.items():
+            t = int(task)
+            if not 0 <= t < self.n_tasks:
+                raise ValueError(f"boost for task {t} outside the pool of {self.n_tasks} tasks")
+            if not np.isfinite(sim):
+                raise ValueError(f"boost for task {t} is not finite: {sim}")
+            self.logits[t] += self.eta * float(sim)
+        np.clip(self.logits, -self.bound, self.bound, out=self.logits)
+
+    def probs(self) -> np.ndarray:
+        z = self.logits / self.temperature
+        e = np.exp(z - z.max())
+        p = (1.0 - self.epsilon) * e / e.sum() + self.epsilon / self.n_tasks
+        if self.cap is not None:
+            p = apply_cap(p, self.cap)
+        return p / p.sum()
+
+    def sample(self, k: int, rng: np.random.Generator | None = None, replace: bool = False) -> np.ndarray:
+        """k task ids (distinct unless ``replace``), from the internal generator unless one is given."""
+        if k < 0 or (not replace and k > self.n_tasks):
+            raise ValueError(
+                f"cannot draw {k} distinct tasks from a pool of {self.n_tasks}; lower k or replace=True"
+            )
+        gen = self.rng if rng is None else rng
+        return gen.choice(self.n_tasks, size=k, replace=replace, p=self.probs()).astype(np.int64)
+
+    def entropy(self) -> float:
+        p = self.probs()
+        return float(-(p * np.log(np.where(p > 0, p, 1.0))).sum())
+
+    def state_dict(self) -> dict:
+        """JSON-friendly state: settings, logits and the exact generator state."""
+        return {
+            "n_tasks": self.n_tasks,
+            "eta": self.eta,
+            "decay": self.decay,
+            "temperature": self.temperature,
+            "epsilon": self.epsilon,
+            "cap": self.cap,
+            "bound": self.bound,
+            "logits": self.logits.tolist(),
+            "rng": copy.deepcopy(self.rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if int(state["n_tasks"]) != self.n_tasks:
+            raise ValueError(
+                f"sampler checkpoint is for {state['n_tasks']} tasks but the pool has {self.n_tasks}; "
+                "resume with the same task pool"
+            )
+        for key in ("eta", "decay", "temperature", "epsilon", "bound"):
+            setattr(self, key, float(state[key]))
+        self.cap = state["cap"]
+        self.logits = np.asarray(state["logits"], np.float64).copy()
+        rng_state = copy.deepcopy(dict(state["rng"]))
+        self.rng = np.random.Generator(getattr(np.random, rng_state["bit_generator"])())
+        self.rng.bit_generator.state = rng_state

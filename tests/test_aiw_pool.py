@@ -1,0 +1,205 @@
+"""AIW pool test: a scripted agent always fails one task type; its sampled share must rise, capped.
+
+Also holds the synthetic ALFWorld-like pool (goals in ALFWorld's own sentence templates) other AIW tests use.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from roleagent_jax.aiw import (
+    AIWState,
+    FailureMemory,
+    TaskSampler,
+    aiw_round,
+    format_round,
+    heuristic_analyse,
+    plot_aiw_history,
+)
+from roleagent_jax.types import Step, Trajectory
+
+OBJECTS = ["apple", "tomato", "potato", "egg", "bread", "lettuce", "mug", "plate", "cup", "bowl"]
+RECEPS = [
+    "fridge",
+    "countertop",
+    "diningtable",
+    "cabinet",
+    "shelf",
+    "sidetable",
+    "drawer",
+    "garbagecan",
+    "desk",
+    "dresser",
+]
+TEMPLATES = {
+    "pick_and_place_simple": ["put a {o} in {r}.", "put some {o} on {r}."],
+    "look_at_obj_in_light": ["look at {o} under the desklamp.", "examine the {o} with the desklamp."],
+    "pick_clean_then_place_in_recep": ["put a clean {o} in {r}.", "clean some {o} and put it in {r}."],
+    "pick_heat_then_place_in_recep": ["put a hot {o} in {r}.", "heat some {o} and put it in {r}."],
+    "pick_cool_then_place_in_recep": ["put a cool {o} in {r}.", "cool some {o} and put it in {r}."],
+    "pick_two_obj_and_place": ["put two {o} in {r}.", "find two {o} and put them in {r}."],
+}
+TYPES = list(TEMPLATES)
+
+
+@dataclass
+class Pool:
+    goals: list[str] = field(default_factory=list)
+    task_types: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.goals)
+
+
+def make_pool(per_type: int = 10) -> Pool:
+    pool = Pool()
+    for k, tt in enumerate(TYPES):
+        for i in range(per_type):
+            tmpl = TEMPLATES[tt][i % 2]
+            pool.goals.append(
+                tmpl.format(o=OBJECTS[(i + k) % len(OBJECTS)], r=RECEPS[(3 * i + k) % len(RECEPS)])
+            )
+            pool.task_types.append(tt)
+    return pool
+
+
+def failed_episode(task_id: int, task_type: str, goal: str, variant: int = 0) -> Trajectory:
+    """A scripted failure: wander, take the object, and place it without the required step (or loop)."""
+    obj = next(o for o in OBJECTS if o in goal)
+    script = [
+        (
+            "go to countertop 1",
+            f"You arrive at countertop 1. On the countertop 1, you see a {obj} 1.",
+        )
+    ]
+    script.append((f"take {obj} 1 from countertop 1", f"You pick up the {obj} 1 from the countertop 1."))
+    if variant % 2 == 0:
+        recep = next((r for r in RECEPS if r in goal), "shelf")
+        script += [
+            (f"go to {recep} 1", f"You arrive at {recep} 1."),
+            (f"move {obj} 1 to {recep} 1", f"You move the {obj} 1 to the {recep} 1."),
+        ]
+    else:
+        script += [("go to bed 1", "You arrive at bed 1."), ("go to desk 1", "You arrive at desk 1.")] * 3
+    steps, obs = [], "You are in the middle of a room."
+    for action, nxt in script:
+        steps.append(Step(obs, [], f"<action>{action}</action>", action, True, 0.0, nxt))
+        obs = nxt
+    return Trajectory(task_id=task_id, task_type=task_type, goal=goal, steps=steps)
+
+
+# ----------------------------------------------------------------------------- the pool test
+
+
+class Cfg:
+    retrieval = "fuzzy"
+    top_k = 3
+    eta = 1.0
+    decay = 0.9
+    temperature = 1.0
+    epsilon = 0.2
+    cap = 0.05
+    seed = 0
+
+
+def run_rounds(tmp_path, failing_type: str, rounds: int, batch: int = 16, cfg=Cfg):
+    pool = make_pool()
+    sampler = TaskSampler(
+        len(pool),
+        eta=cfg.eta,
+        decay=cfg.decay,
+        temperature=cfg.temperature,
+        epsilon=cfg.epsilon,
+        cap=cfg.cap,
+        seed=cfg.seed,
+    )
+    state = AIWState(sampler, FailureMemory(tmp_path / "failures.jsonl"))
+    base = sum(t == failing_type for t in pool.task_types) / len(pool)
+    for it in range(rounds):
+        tasks = sampler.sample(batch)
+        failed = [
+            failed_episode(int(t), pool.task_types[t], pool.goals[t], variant=it + j)
+            for j, t in enumerate(tasks)
+            if pool.task_types[t] == failing_type
+        ]
+        reports = [heuristic_analyse(t) for t in failed]
+        metrics = aiw_round(state, failed, reports, pool, cfg, it)
+        assert metrics["aiw/max_prob"] <= cfg.cap + 1e-12
+        assert format_round(metrics, state.history[-1]).startswith("AIW:")
+    return pool, state, base
+
+
+def test_always_failing_type_gains_share_and_cap_holds(tmp_path):
+    failing = "pick_clean_then_place_in_recep"
+    pool, state, base = run_rounds(tmp_path, failing, rounds=5)
+    p = state.sampler.probs()
+    mask = np.array([t == failing for t in pool.task_types])
+    share = p[mask].sum()
+    assert share >= 2 * base, (share, base)
+    assert p.max() <= Cfg.cap + 1e-12 and p.min() >= Cfg.epsilon / len(pool) - 1e-12
+    # what is actually drawn follows: sampled share of the failing type over the next draws
+    draws = state.sampler.sample(20000, replace=True)
+    assert mask[draws].mean() >= 2 * base
+    # the boosts spread over the whole pattern (different objects), not only the tasks that failed
+    boosted = np.flatnonzero(state.sampler.logits > 0)
+    assert set(pool.task_types[t] for t in boosted) == {failing}
+    assert len(boosted) >= 8
+    # history and the memory record the rounds
+    assert len(state.history) == 5 and state.history[-1]["type_share"][failing] == pytest.approx(share)
+    types = state.memory.type_counts()
+    assert set(types) <= {"missing_precondition", "navigation_loop"} and sum(types.values()) == len(
+        state.memory
+    )
+
+
+def test_share_returns_to_base_when_failures_stop(tmp_path):
+    failing = "pick_heat_then_place_in_recep"
+    pool, state, base = run_rounds(tmp_path, failing, rounds=4)
+    mask = np.array([t == failing for t in pool.task_types])
+    for it in range(4, 120):
+        aiw_round(state, [], [], pool, Cfg, it)
+    assert state.sampler.probs()[mask].sum() == pytest.approx(base, abs=1e-3)
+
+
+def test_aiw_state_round_trip(tmp_path):
+    pool, state, _ = run_rounds(tmp_path, "pick_cool_then_place_in_recep", rounds=3)
+    ckpt = json.loads(json.dumps(state.state_dict()))
+    expected_probs = state.sampler.probs()
+    expected_draw = state.sampler.sample(8).tolist()
+    # the run goes on past the checkpoint, then "crashes"
+    run_state = state
+    aiw_round(
+        run_state,
+        [failed_episode(0, pool.task_types[0], pool.goals[0])],
+        [heuristic_analyse(failed_episode(0, pool.task_types[0], pool.goals[0]))],
+        pool,
+        Cfg,
+        3,
+    )
+    fresh = AIWState(TaskSampler(len(pool), seed=99), FailureMemory(tmp_path / "failures.jsonl"))
+    fresh.load_state_dict(ckpt)
+    np.testing.assert_array_equal(fresh.sampler.probs(), expected_probs)
+    assert fresh.sampler.sample(8).tolist() == expected_draw
+    assert len(fresh.memory) == ckpt["memory"]["n_records"] and fresh.history == ckpt["history"]
+    lines = AIWState(fresh.sampler, fresh.memory, index=state.index).top_boosted(3)
+    assert len(lines) == 3 and "cool" in lines[0]
+
+
+def test_plot_written(tmp_path):
+    _, state, _ = run_rounds(tmp_path, "pick_two_obj_and_place", rounds=3)
+    out = plot_aiw_history(state.history, tmp_path / "report" / "aiw.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    with pytest.raises(ValueError):
+        plot_aiw_history([], tmp_path / "x.png")
+
+
+def test_round_input_errors(tmp_path):
+    pool = make_pool()
+    state = AIWState(TaskSampler(len(pool)), FailureMemory(tmp_path / "m.jsonl"))
+    with pytest.raises(ValueError, match="reports for"):
+        aiw_round(state, [failed_episode(0, pool.task_types[0], pool.goals[0])], [], pool, Cfg, 0)
+    small = AIWState(TaskSampler(5), FailureMemory(tmp_path / "n.jsonl"))
+    with pytest.raises(ValueError, match="sampler"):
+        aiw_round(small, [], [], pool, Cfg, 0)
