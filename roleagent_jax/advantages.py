@@ -159,11 +159,15 @@ def _anchor_keys(anchor_hash, n: int) -> np.ndarray:
 
 
 def _dense(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense int32 ids (0..k-1) of equal keys: 1-D values or rows of a 2-D int array (one lexsort)."""
     if keys.ndim == 1:
-        uniq, inv = np.unique(keys, return_inverse=True)
-    else:
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    return inv.reshape(-1).astype(np.int32), int(uniq.shape[0])
+        keys = keys[:, None]
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    starts = np.concatenate([[True], np.any(ordered[1:] != ordered[:-1], axis=1)])
+    ids = np.empty(keys.shape[0], np.int32)
+    ids[order] = np.cumsum(starts) - 1
+    return ids, int(starts.sum())
 
 
 def _bucket(n: int) -> int:
@@ -201,12 +205,9 @@ def discounted_returns(
     size = _bucket(n)
     with jax.enable_x64(True):
         out = _returns_core(
-            jnp.asarray(_pad(r, size, 0.0)),
-            jnp.asarray(_pad(traj, size, size - 1)),
-            jnp.asarray(_pad(step, size, 0)),
-            jnp.float64(gamma),
+            _pad(r, size, 0.0), _pad(traj, size, size - 1), _pad(step, size, 0), np.float64(gamma)
         )
-        return np.asarray(out[:n], dtype=np.float32)
+        return np.asarray(out, dtype=np.float32)[:n]
 
 
 def gigpo_advantages(
@@ -294,20 +295,20 @@ def gigpo_advantages(
     pad_id = size - 1  # unused by real rows whenever padding exists (dense ids are < n <= size - 1)
     with jax.enable_x64(True):
         out = _gigpo_core(
-            jnp.asarray(_pad(r, size, 0.0)),
-            jnp.asarray(_pad(mult, size, 1.0)),
-            jnp.asarray(_pad((~ok).astype(np.float64), size, 0.0)),
-            jnp.asarray(_pad(np.ones(n, np.float64), size, 0.0)),
-            jnp.asarray(_pad(traj, size, pad_id)),
-            jnp.asarray(_pad(group, size, pad_id)),
-            jnp.asarray(_pad(cluster, size, pad_id)),
-            jnp.asarray(_pad(step, size, 0)),
-            jnp.float64(gamma),
-            jnp.float64(omega),
-            jnp.float64(invalid_penalty),
-            jnp.float64(std_floor),
+            _pad(r, size, 0.0),
+            _pad(mult, size, 1.0),
+            _pad((~ok).astype(np.float64), size, 0.0),
+            _pad(np.ones(n, np.float64), size, 0.0),
+            _pad(traj, size, pad_id),
+            _pad(group, size, pad_id),
+            _pad(cluster, size, pad_id),
+            _pad(step, size, 0),
+            np.float64(gamma),
+            np.float64(omega),
+            np.float64(invalid_penalty),
+            np.float64(std_floor),
             num_segments=size,
             mode=mode,
             step_level=bool(step_level),
         )
-        return np.asarray(out[:n], dtype=np.float32)
+        return np.asarray(out, dtype=np.float32)[:n]
