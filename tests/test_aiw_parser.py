@@ -147,6 +147,14 @@ CASES = [
     ("FAILURE_TYPE: navigation_loop\nCRITICAL_STEP: the last one", "navigation_loop", None, "", ""),
     ("", "unknown", None, "", ""),
     ("\n\n   \n", "unknown", None, "", ""),
+    # the trajectory echoed back before the answer; an empty first field is filled by a later one
+    (
+        "Step 3: go to desk 1\nFAILURE_TYPE:\n\nCRITICAL_STEP: 9\nFAILURE_TYPE: navigation_loop",
+        "navigation_loop",
+        9,
+        "",
+        "",
+    ),
 ]
 
 

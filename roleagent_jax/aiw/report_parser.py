@@ -110,6 +110,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 def _field_of(key: str) -> str | None:
     k = re.sub(r"^[\s\-*+•>#\d.)]+", "", key)  # bullets, heading marks, "1." numbering
+    if re.search(r"\d", k):  # "Step 3: go to desk 1" is an echoed trajectory line, not a field
+        return None
     k = re.sub(r"[^A-Za-z _\-]", "", k).strip()
     k = re.sub(r"[\s\-]+", "_", k).upper()
     return _KEY_TO_FIELD.get(k)
@@ -129,7 +131,8 @@ def _split_fields(text: str) -> dict[str, str]:
         sep = _SEP.search(line)
         field = _field_of(line[: sep.start()]) if sep and sep.start() <= 48 else None
         if field is not None:
-            current = field if field not in fields else None  # first answer wins; ignore re-statements
+            # the first non-empty answer wins; later re-statements are ignored
+            current = field if not fields.get(field) else None
             if current is not None:
                 value = _clean_value(line[sep.end() :])
                 fields[current] = [value] if value else []
