@@ -139,8 +139,10 @@ def anchor_array(anchors, form):
 def test_matches_plain_python_reference_on_random_batches():
     rng = np.random.default_rng(1234)
     modes = ("mean_std_norm", "mean_norm")
+    seen = defaultdict(int)
     for trial in range(240):
         b = random_batch(rng)
+        record_coverage(b, seen)
         kw = dict(
             gamma=0.95 if trial % 3 else float(rng.uniform(0.3, 1.0)),
             omega=1.0 if trial % 4 else float(rng.uniform(0.0, 2.0)),
@@ -165,6 +167,28 @@ def test_matches_plain_python_reference_on_random_batches():
         )
         assert got.dtype == np.float32 and got.shape == (len(b["reward"]),)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"trial {trial}: {kw}")
+    # The random structure really produced every case the reference rules distinguish.
+    for case in (
+        "singleton_group",
+        "all_fail_group",
+        "singleton_cluster",
+        "anchor_across_trajs",
+        "anchor_across_time",
+    ):
+        assert seen[case] >= 10, (case, dict(seen))
+
+
+def record_coverage(b, seen):
+    rows_in_group, success, cluster_rows = defaultdict(int), defaultdict(bool), defaultdict(list)
+    for r, t, g, s, a in zip(b["reward"], b["traj"], b["group"], b["step"], b["anchor"]):
+        rows_in_group[g] += 1
+        success[g] |= r > 0
+        cluster_rows[(g, a)].append((t, s))
+    seen["singleton_group"] += sum(n == 1 for n in rows_in_group.values())
+    seen["all_fail_group"] += sum(not ok for ok in success.values())
+    seen["singleton_cluster"] += sum(len(v) == 1 for v in cluster_rows.values())
+    seen["anchor_across_trajs"] += sum(len({t for t, _ in v}) > 1 for v in cluster_rows.values())
+    seen["anchor_across_time"] += sum(len({s for _, s in v}) > 1 for v in cluster_rows.values())
 
 
 def test_hand_computed_example():
