@@ -163,3 +163,17 @@ def test_choice_prompt_and_index():
         TaskIndex.build(type("P", (), {"goals": ["a"], "task_types": []})())
     with pytest.raises(ValueError):
         retrieve(FailureReport(), POOL, mode="bm25")
+
+
+def test_llm_mode_offers_candidates_even_without_fuzzy_matches():
+    vague = FailureReport("navigation_loop", query="bad", lesson="do better")
+    seen = []
+
+    def choose(prompts):
+        seen.extend(prompts)
+        return ["CHOICE: 1"]
+
+    hits = retrieve(vague, POOL, mode="llm", k=2, choose_fn=choose)
+    assert seen[0].count("\n") >= 8  # 8 candidates listed
+    assert len(hits) == 1 and hits[0][1] == 0.5
+    assert retrieve(vague, POOL, mode="llm", k=2, choose_fn=lambda p: ["no"]) == []

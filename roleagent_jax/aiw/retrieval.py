@@ -10,9 +10,10 @@ so a failure on "put a clean apple in fridge" pulls every clean-then-place task 
   memory with the same failure type and a similar query (token-set ratio >= ``MEMORY_MIN``) add their
   tasks with ``MEMORY_WEIGHT`` x that ratio. A task's similarity is the max of the two.
 - ``embedding``: cosine similarity (negative values clipped to 0) between caller-supplied embeddings
-  (``embed_fn(texts) -> [n, d]``, e.g. pooled hidden states of the policy) of the query and of each
-  task's pattern description plus placeholder goal.
-- ``llm``: the fuzzy candidates (``candidates_per_pick * k``) are listed in a prompt and the caller's
+  (``embed_fn(texts) -> [n, d]``, e.g. pooled hidden states of the policy) of the query + lesson and
+  of each task's pattern description plus placeholder goal; max'ed with the memory term above.
+- ``llm``: the best fuzzy candidates (``candidates_per_pick * k``, topped up with random others when
+  fewer match) are listed in a prompt and the caller's
   ``choose_fn(prompts) -> texts`` (one batched sampler call) picks; chosen tasks keep
   ``max(fuzzy similarity, LLM_MIN_SIM)``; an unusable answer falls back to the fuzzy top k.
 
@@ -133,14 +134,21 @@ def fuzzy_scores(
     return np.clip(np.maximum(by_type, _memory_sims(report, memory, len(index))), 0.0, 1.0)
 
 
-def _top_k(sims: np.ndarray, k: int, min_sim: float, exclude: set[int], rng: np.random.Generator) -> list:
+def _top_k(
+    sims: np.ndarray,
+    k: int,
+    min_sim: float,
+    exclude: set[int],
+    rng: np.random.Generator,
+    keep_zero: bool = False,
+) -> list:
     order = rng.permutation(len(sims))  # random tie-break: equal scores spread over the pattern
     order = order[np.argsort(-sims[order], kind="stable")]
     out = []
     for t in order:
         if len(out) >= k or sims[t] < min_sim:
             break
-        if int(t) not in exclude and sims[t] > 0:
+        if int(t) not in exclude and (sims[t] > 0 or keep_zero):
             out.append((int(t), float(sims[t])))
     return out
 
@@ -212,16 +220,17 @@ def retrieve_many(
         if emb.ndim != 2 or emb.shape[0] != n + len(uniq):
             raise ValueError(f"embed_fn returned shape {emb.shape}, expected ({n + len(uniq)}, d)")
         emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-        cos = np.clip(emb[:n] @ emb[n:].T, 0.0, 1.0)
-        col = _positions(descs, uniq)
-        return [_top_k(cos[i][col], k, min_sim, excl[i], rngs[i]) for i in range(n)]
+        cos = np.clip(emb[:n] @ emb[n:].T, 0.0, 1.0)[:, _positions(descs, uniq)]
+        sims = [np.maximum(cos[i], _memory_sims(r, memory, len(index))) for i, r in enumerate(reports)]
+        return [_top_k(sims[i], k, min_sim, excl[i], rngs[i]) for i in range(n)]
     scores = [fuzzy_scores(r, index, memory, tt) for r, tt in zip(reports, task_types)]
     if mode == "fuzzy":
         return [_top_k(s, k, min_sim, e, g) for s, e, g in zip(scores, excl, rngs)]
     if choose_fn is None:
         raise ValueError("retrieval mode 'llm' needs choose_fn(prompts) -> list of answer texts")
     cands = [
-        [t for t, _ in _top_k(s, candidates_per_pick * k, 0.0, e, g)] for s, e, g in zip(scores, excl, rngs)
+        [t for t, _ in _top_k(s, candidates_per_pick * k, 0.0, e, g, keep_zero=True)]
+        for s, e, g in zip(scores, excl, rngs)
     ]
     prompts = [build_choice_prompt(r, index, c, k) for r, c in zip(reports, cands)]
     answers = list(choose_fn(prompts)) if prompts else []
