@@ -268,3 +268,20 @@ def test_parse_goal(goal, tt, obj, recep, transform, count):
 def test_parse_goal_garbage_is_empty():
     g = parse_goal("dance wildly ☃", "pick_heat_then_place_in_recep")
     assert g.obj is None and g.transform == "heat"
+
+
+def test_pick_two_with_only_one_object_found_is_exhaustive_failure():
+    places = ("drawer 1", "drawer 2", "shelf 1", "shelf 2", "bed 1", "sidetable 1", "dresser 1")
+    script = (
+        [
+            ("go to desk 1", arrive("desk 1")),
+            ("take cd 1 from desk 1", "You pick up the cd 1 from the desk 1."),
+            ("go to drawer 3", arrive("drawer 3")),
+            ("move cd 1 to drawer 3", "You move the cd 1 to the drawer 3."),
+        ]
+        + [(f"go to {r}", arrive(r)) for r in places]
+        + pad(39)
+    )
+    rep = heuristic_analyse(traj(*TWO, script))
+    assert rep.failure_type == "exhaustive_exploration_failure" and "2 different cds" in rep.detail
+    assert rep.query.startswith("two objects place")

@@ -216,9 +216,14 @@ def _held_goal_object(f: _Facts) -> int | None:
 
 
 def _exhaustive_exploration(f: _Facts) -> _Hit | None:
+    """Many places searched, yet fewer goal objects taken than the task needs (two for pick-two tasks)."""
     places = {t for _, t in f.gotos}
-    if f.goal.obj and _held_goal_object(f) is None and len(places) >= 6:
-        return len(f.events), f"searched {len(places)} places and never took a {f.goal.obj}"
+    if not f.goal.obj or len(places) < 6:
+        return None
+    got = {ent for _, ent in f.takes if _kind(ent) == f.goal.obj}
+    if len(got) < f.goal.count:
+        what = f"a {f.goal.obj}" if f.goal.count == 1 else f"{f.goal.count} different {f.goal.obj}s"
+        return len(f.events), f"searched {len(places)} places and never took {what}"
     return None
 
 
