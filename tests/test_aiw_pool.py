@@ -16,6 +16,7 @@ from roleagent_jax.aiw import (
     aiw_round,
     format_round,
     heuristic_analyse,
+    parse_goal,
     plot_aiw_history,
 )
 from roleagent_jax.types import Step, Trajectory
@@ -67,7 +68,8 @@ def make_pool(per_type: int = 10) -> Pool:
 
 def failed_episode(task_id: int, task_type: str, goal: str, variant: int = 0) -> Trajectory:
     """A scripted failure: wander, take the object, and place it without the required step (or loop)."""
-    obj = next(o for o in OBJECTS if o in goal)
+    spec = parse_goal(goal, task_type)
+    obj = spec.obj or "thing"
     script = [
         (
             "go to countertop 1",
@@ -76,7 +78,7 @@ def failed_episode(task_id: int, task_type: str, goal: str, variant: int = 0) ->
     ]
     script.append((f"take {obj} 1 from countertop 1", f"You pick up the {obj} 1 from the countertop 1."))
     if variant % 2 == 0:
-        recep = next((r for r in RECEPS if r in goal), "shelf")
+        recep = spec.recep or "shelf"
         script += [
             (f"go to {recep} 1", f"You arrive at {recep} 1."),
             (f"move {obj} 1 to {recep} 1", f"You move the {obj} 1 to the {recep} 1."),
@@ -203,3 +205,22 @@ def test_round_input_errors(tmp_path):
     small = AIWState(TaskSampler(5), FailureMemory(tmp_path / "n.jsonl"))
     with pytest.raises(ValueError, match="sampler"):
         aiw_round(small, [], [], pool, Cfg, 0)
+
+
+def test_real_valid_seen_pool(alfworld_data, tmp_path):
+    from roleagent_jax.envs.base import TaskPool
+
+    pool = TaskPool.from_split(alfworld_data, "valid_seen")
+    for goal, tt in zip(pool.goals, pool.task_types):  # every real goal parses into the pieces AIW uses
+        spec = parse_goal(goal, tt)
+        assert spec.obj and (spec.recep or spec.look), goal
+    failing = "pick_heat_then_place_in_recep"
+    sampler = TaskSampler(len(pool), eta=Cfg.eta, decay=Cfg.decay, epsilon=Cfg.epsilon, cap=Cfg.cap, seed=0)
+    state = AIWState(sampler, FailureMemory(tmp_path / "failures.jsonl"))
+    mask = np.array([t == failing for t in pool.task_types])
+    for it in range(5):
+        tasks = sampler.sample(16)
+        failed = [failed_episode(int(t), failing, pool.goals[t], variant=it) for t in tasks if mask[t]]
+        aiw_round(state, failed, [heuristic_analyse(t) for t in failed], pool, Cfg, it)
+    p = sampler.probs()
+    assert p[mask].sum() >= 2 * mask.mean() and p.max() <= Cfg.cap + 1e-12
