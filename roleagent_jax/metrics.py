@@ -7,6 +7,13 @@ import math
 from pathlib import Path
 
 
+ECHO_KEYS = (
+    "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "update/loss",
+    "update/kl_ref", "update/entropy", "update/clip_frac", "wia/lms_mean", "wia/parse_rate",
+    "aiw/n_failed", "aiw/max_prob", "rollout/tokens_per_s", "time/iteration",
+)  # fmt: skip
+
+
 class MetricLogger:
     """Scalars per iteration; `history` is kept in memory (and in checkpoints) for plots and resume."""
 
@@ -30,7 +37,7 @@ class MetricLogger:
         with open(self.logdir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
         if echo:
-            keys = [k for k in clean if not k.startswith(("time/", "aiw/share/", "eval/"))][:14]
+            keys = [k for k in ECHO_KEYS if k in clean] + [k for k in clean if k.startswith("eval/")]
             print(f"[iter {step}] " + "  ".join(f"{k}={clean[k]:.4g}" for k in keys), flush=True)
 
     def close(self) -> None:

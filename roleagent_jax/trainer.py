@@ -98,13 +98,18 @@ class Trainer:
         self.train_step = make_train_step(self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh,
                                           micro_batches=micro, remat=c.model.remat)
         self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh)
-        self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed))
+        self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
+        n_tasks = len(self.train_pool)
         self.task_sampler = aiw.TaskSampler(
-            len(self.train_pool), eta=c.aiw.eta, decay=c.aiw.decay, temperature=c.aiw.temperature,
-            epsilon=c.aiw.epsilon, cap=c.aiw.cap or None, seed=c.seed,
+            n_tasks, eta=c.aiw.eta, decay=c.aiw.decay, temperature=c.aiw.temperature,
+            epsilon=c.aiw.epsilon, cap=max(c.aiw.cap, 1.0 / n_tasks) if c.aiw.cap else None, seed=c.seed,
         )
-        self.aiw_state = aiw.AIWState(self.task_sampler, aiw.FailureMemory(self.workdir / "failure_memory.jsonl"))
+        memory = aiw.FailureMemory(self.workdir / "failure_memory.jsonl")
+        if not resuming and len(memory):  # records of an earlier run that never checkpointed
+            memory.path.unlink()
+            memory = aiw.FailureMemory(memory.path)
+        self.aiw_state = aiw.AIWState(self.task_sampler, memory)
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": []}
         history = None
         if resuming:
@@ -166,7 +171,6 @@ class Trainer:
     def _host_state(self) -> dict:
         return dict(
             self.host,
-            task_sampler=self.task_sampler.state_dict(),
             aiw=self.aiw_state.state_dict(),
             history=self.logger.history,
         )
@@ -177,7 +181,6 @@ class Trainer:
     def _restore(self) -> list[dict]:
         state, host = self.ckpt.restore(self.state)
         self.state = state
-        self.task_sampler.load_state_dict(host.pop("task_sampler"))
         self.aiw_state.load_state_dict(host.pop("aiw"))
         history = host.pop("history")
         self.host.update(host)
@@ -226,7 +229,7 @@ class Trainer:
             steps=c.warmstart.steps, batch_rows=c.warmstart.batch_rows, lr=c.warmstart.lr, seed=c.seed,
             progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
         )
-        self.state = TrainState.create(params, self.optimizer, self.state.rng)
+        self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params
         self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
@@ -256,7 +259,7 @@ class Trainer:
         adv = np.asarray(gigpo_advantages(
             np.array([r.reward for r in rows], np.float32), np.array([r.traj_id for r in rows]),
             np.array([r.group_id for r in rows]), np.array([r.step_index for r in rows]),
-            np.array([r.anchor_hash for r in rows], np.uint64), np.array([r.valid for r in rows]),
+            np.array([r.anchor_hash for r in rows], np.int64), np.array([r.valid for r in rows]),
             gamma=c.advantage.gamma, omega=c.advantage.omega, mode=c.advantage.mode,
             invalid_penalty=c.advantage.invalid_penalty, step_level=c.advantage.step_level,
             return_multiplier=multiplier,
@@ -297,13 +300,13 @@ class Trainer:
     def _aiw(self, trajs, it: int) -> dict:
         c = self.config
         failed = [t for t in trajs if not t.won]
-        if c.aiw.analyser == "heuristic":
-            reports = [aiw.heuristic_analyse(t) for t in failed]
-        else:
+        texts = None
+        if c.aiw.analyser == "llm" and failed:
             gen = self.generate_fn(self.state.params, SamplingParams(temperature=0.4),
                                    jax.random.fold_in(self.state.rng, 10_000 + it))
-            reqs = [aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens) for t in failed]
-            reports = [aiw.parse_failure_report(r.text) for r in gen(reqs)] if reqs else []
+            texts = [r.text for r in gen([aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens)
+                                          for t in failed])]
+        reports = aiw.analyse_failures(failed, texts, max_steps=c.env.max_steps)
         return aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
