@@ -257,6 +257,40 @@ class CachedPddlEnv(PddlEnv):
         return self.state
 
 
+_PLAN_CACHE = _LRU(1024)
+
+
+class PlannerExpert:
+    """alfworld's planner expert (Fast Downward on the game's own PDDL, as `AlfredExpert(expert_type=
+    "planner")` computes it) without its cost on every step.
+
+    The engine is deterministic, so a plan stays valid while the agent follows it: the planner runs at
+    most once per game for the initial state (cached per process) and again only after the agent
+    leaves the plan. Commands come from the game's grammar, so any data version's verbs work.
+    """
+
+    def __init__(self):
+        self.plan: list[str] = []
+
+    @staticmethod
+    def _replan(env) -> list[str]:
+        base = env.unwrapped
+        return list(base._pddl_state.replan(base._entity_infos))
+
+    def start(self, env, game_key) -> list[str]:
+        self.plan = list(_PLAN_CACHE.get_or_make(game_key, lambda: self._replan(env)))
+        return self.plan
+
+    def advance(self, env, action: str, won: bool) -> list[str]:
+        if won:
+            self.plan = []
+        elif self.plan and action.strip() == self.plan[0]:
+            self.plan = self.plan[1:]
+        else:
+            self.plan = self._replan(env)
+        return self.plan
+
+
 class AlfWorldEnv:
     """One ALFWorld episode at a time: reset(game_file) -> (obs, info); step(action) -> (obs, r, done, info).
 
@@ -275,38 +309,55 @@ class AlfWorldEnv:
         self.max_steps = max_steps
         self.expert_plan = expert_plan
         self.expert_type = expert_type
+        self._stacks: dict[bool, Any] = {}  # with / without alfworld's expert wrapper, built on first use
+        self._loaded: dict[bool, str] = {}
+        self._planner = PlannerExpert()
         self._env = None
-        self._loaded: str | None = None
+        self._expert = False
+        self._game = ""
         self._steps = 0
         self._done = True
         self._last: tuple[str, dict] = ("", {})
         self._task_type = ""
         self._goal = ""
 
-    def _make(self):
+    def _make(self, expert: bool):
         infos = textworld.EnvInfos(
             won=True,
             admissible_commands=True,
             extras=["gamefile"],
-            facts=self.expert_plan and self.expert_type == "handcoded",
+            facts=expert and self.expert_type == "handcoded",
         )
         env = AlfredInfos(AlfredDemangler(CachedPddlEnv(infos)))
-        if self.expert_plan:
+        if expert:
             env = AlfredExpert(env, expert_type=self.expert_type)
         return env
 
-    def reset(self, game_file: str) -> tuple[str, dict]:
+    def _wrapped(self, expert: bool) -> bool:
+        """Only the handcoded expert needs alfworld's AlfredExpert wrapper; the planner reads the engine."""
+        return expert and self.expert_type == "handcoded"
+
+    def reset(self, game_file: str, expert: bool | None = None) -> tuple[str, dict]:
+        """Start `game_file` from its initial state; `expert` (default: the constructor's expert_plan)
+        adds the expert plan to every info of this episode."""
         game_file = str(game_file)
         if not os.path.isfile(game_file):
             raise FileNotFoundError(f"game file not found: {game_file}")
-        if self._env is None:
-            self._env = self._make()
-        if self._loaded != game_file:
-            self._loaded = None
-            self._env.load(game_file)
-            self._loaded = game_file
-            self._task_type = task_type_of(game_file)
-        state = self._env.reset()
+        expert = self.expert_plan if expert is None else bool(expert)
+        key = self._wrapped(expert)
+        if key not in self._stacks:
+            self._stacks[key] = self._make(key)
+        env = self._stacks[key]
+        if self._loaded.get(key) != game_file:
+            self._loaded.pop(key, None)
+            env.load(game_file)
+            self._loaded[key] = game_file
+        self._env, self._expert, self._game = env, expert, game_file
+        self._task_type = task_type_of(game_file)
+        state = env.reset()
+        if expert and not key:
+            st = os.stat(game_file)
+            self._planner.start(env, (game_file, st.st_mtime_ns, st.st_size))
         obs = state.feedback
         self._goal = goal_from_observation(obs)
         self._steps, self._done = 0, False
@@ -315,13 +366,15 @@ class AlfWorldEnv:
         return obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
-        if self._env is None or self._loaded is None:
+        if self._env is None:
             raise RuntimeError("step() before reset()")
         if self._done:  # stepping a finished episode changes nothing
             obs, info = self._last
             return obs, 0.0, True, info
         state, _, _ = self._env.step(str(action))
         self._steps += 1
+        if self._expert and not self._wrapped(True):
+            self._planner.advance(self._env, str(action), bool(state["won"]))
         obs = state.feedback
         info = self._info(state, obs)
         self._done = info["won"] or self._steps >= self.max_steps
@@ -337,8 +390,9 @@ class AlfWorldEnv:
             "anchor": obs,
             "env_failed": False,
             "step": self._steps,
-            "game_file": self._loaded,
+            "game_file": self._game,
         }
-        if self.expert_plan:
-            info["expert_plan"] = list(state.get("extra.expert_plan") or [])
+        if self._expert:
+            plan = state.get("extra.expert_plan") if self._wrapped(True) else self._planner.plan
+            info["expert_plan"] = list(plan or [])
         return info

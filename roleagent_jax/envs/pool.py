@@ -30,6 +30,7 @@ def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> N
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     from roleagent_jax.envs.alfworld import AlfWorldEnv
 
+    conn.send(("ready", None, None))  # imports done: from now on the timeouts apply
     envs: dict[int, AlfWorldEnv] = {}
     while True:
         try:
@@ -45,7 +46,7 @@ def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> N
                 if kind == "reset":
                     if slot not in envs:
                         envs[slot] = AlfWorldEnv(max_steps, expert_plan, expert_type)
-                    out = envs[slot].reset(arg)
+                    out = envs[slot].reset(*arg)
                 elif kind == "step":
                     out = envs[slot].step(arg)
                 else:
@@ -59,6 +60,7 @@ def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> N
 class _Worker:
     def __init__(self, index: int, settings: tuple):
         self.index = index
+        self.ready = False
         parent, child = _CTX.Pipe()
         self.conn = parent
         self.proc = _CTX.Process(
@@ -91,6 +93,8 @@ class EnvPool:
         max_steps: int = 50,
         expert_plan: bool = False,
         expert_type: str = "planner",
+        reset_timeout: float | None = None,
+        start_timeout: float = 120.0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -99,6 +103,9 @@ class EnvPool:
         self.pool = pool
         self.num_workers = num_workers
         self.step_timeout = float(step_timeout)
+        # A first reset loads, translates and (for the expert) plans a game: allow it more than a step.
+        self.reset_timeout = float(reset_timeout) if reset_timeout else max(4 * self.step_timeout, 120.0)
+        self.start_timeout = float(start_timeout)
         self._settings = (max_steps, expert_plan, expert_type)
         self._workers = [_Worker(i, self._settings) for i in range(num_workers)]
         self._task_of: dict[int, int] = {}  # slot -> task id of its current episode
@@ -108,8 +115,11 @@ class EnvPool:
         self._closed = False
 
     # ---------------------------------------------------------------- public API
-    def reset(self, task_ids: list[int]) -> list[tuple[str, dict]]:
-        """Start one episode per slot: slot i plays game task_ids[i]. Returns (obs, info) per slot."""
+    def reset(self, task_ids: list[int], expert: bool | None = None) -> list[tuple[str, dict]]:
+        """Start one episode per slot: slot i plays game task_ids[i]. Returns (obs, info) per slot.
+
+        `expert=True` puts the expert plan in every info of these episodes (default: the pool's
+        expert_plan setting)."""
         n = len(self.pool)
         for t in task_ids:
             if not 0 <= int(t) < n:
@@ -119,7 +129,8 @@ class EnvPool:
             self._task_of[slot] = int(t)
             self._lost.discard(slot)
             self._done.pop(slot, None)
-        items = [(slot, self.pool.game_files[int(t)]) for slot, t in enumerate(task_ids)]
+        expert = self._settings[1] if expert is None else bool(expert)
+        items = [(slot, (self.pool.game_files[int(t)], expert)) for slot, t in enumerate(task_ids)]
         answers = self._run("reset", items)
         out = []
         for slot in range(len(task_ids)):
@@ -166,8 +177,14 @@ class EnvPool:
         out = []
         for w in self._workers:
             w.conn.send(("probe", []))
-            out.append(w.conn.recv()[2])
-            w.conn.recv()  # 'end'
+            while True:
+                status, _, payload = w.conn.recv()
+                if status == "ready":
+                    w.ready = True
+                elif status == "end":
+                    break
+                else:
+                    out.append(payload)
         return out
 
     def close(self) -> None:
@@ -223,7 +240,7 @@ class EnvPool:
         self._workers[w] = _Worker(w, self._settings)
         self.restarts += 1
 
-    def _run(self, kind: str, items: list[tuple[int, str]]) -> dict[int, tuple[str, object]]:
+    def _run(self, kind: str, items: list[tuple[int, object]]) -> dict[int, tuple[str, object]]:
         """Send items to their workers, collect answers, enforce the per-step timeout."""
         answers: dict[int, tuple[str, object]] = {}
         by_worker: dict[int, list] = {}
@@ -231,6 +248,11 @@ class EnvPool:
             by_worker.setdefault(slot % self.num_workers, []).append((slot, arg))
         pending: dict[int, set[int]] = {}
         last: dict[int, float] = {}
+        timeout = self.step_timeout if kind == "step" else self.reset_timeout
+
+        def limit(w: int) -> float:
+            return timeout if self._workers[w].ready else max(timeout, self.start_timeout)
+
         for w, its in by_worker.items():
             pending[w] = {slot for slot, _ in its}
             try:
@@ -240,7 +262,7 @@ class EnvPool:
                 self._restart(w, "worker process died", answers, pending)
         while pending:
             now = time.monotonic()
-            deadline = min(last[w] for w in pending) + self.step_timeout
+            deadline = min(last[w] + limit(w) for w in pending)
             handles = {}
             for w in pending:
                 handles[self._workers[w].conn] = w
@@ -254,8 +276,8 @@ class EnvPool:
                     continue
                 self._restart(w, "worker process died", answers, pending)
             now = time.monotonic()
-            for w in [w for w in pending if now - last[w] > self.step_timeout]:
-                self._restart(w, f"no answer within step_timeout={self.step_timeout}s", answers, pending)
+            for w in [w for w in pending if now - last[w] > limit(w)]:
+                self._restart(w, f"no answer within {kind}_timeout={limit(w)}s", answers, pending)
         return answers
 
     def _drain(self, w: int, answers: dict, pending: dict, last: dict) -> bool:
@@ -264,12 +286,15 @@ class EnvPool:
         try:
             while conn.poll():
                 status, slot, payload = conn.recv()
+                last[w] = time.monotonic()
+                if status == "ready":
+                    self._workers[w].ready = True
+                    continue
                 if status == "end":
                     pending.pop(w, None)
                     return True
                 answers[slot] = (status, payload)
                 pending[w].discard(slot)
-                last[w] = time.monotonic()
         except (EOFError, OSError):
             return False
         return self._workers[w].proc.is_alive()

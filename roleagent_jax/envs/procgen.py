@@ -237,7 +237,7 @@ ROOMS: dict[str, dict[str, tuple[str, ...]]] = {
             "TissueBox",
             "Watch",
         ),
-        "Shelf": _LIVING,
+        "Shelf": tuple(o for o in _LIVING if o != "Laptop"),
         "Cabinet": ("Book", "Box", "Newspaper", "TissueBox", "Vase"),
         "GarbageCan": ("Newspaper", "TissueBox"),
     },

@@ -1,0 +1,110 @@
+"""Environment throughput: the worker pool against a single process, measured side by side.
+
+    python benchmarks/envs.py [--envs 16] [--steps 20] [--workers 1,2,4]
+
+Plays the same random admissible actions (fixed seed) on the same generated games in one process and
+through EnvPool with each worker count, and times cold resets, cached resets and steps of one env.
+The last line is one JSON object {"bench": "envs", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+
+from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool
+
+
+def choose(admissible: list[str], seed: int, slot: int, step: int) -> str:
+    return random.Random(f"{seed}:{slot}:{step}").choice(admissible)
+
+
+def run_single(pool: TaskPool, n_envs: int, steps: int, seed: int) -> float:
+    """steps/s of n_envs in-process environments stepped one after the other."""
+    envs = [AlfWorldEnv(max_steps=10_000) for _ in range(n_envs)]
+    tasks = [i % len(pool) for i in range(n_envs)]
+    infos = [env.reset(pool.game_files[t])[1] for env, t in zip(envs, tasks)]  # warm: load + translate
+    start = time.perf_counter()
+    for t in range(steps):
+        for i, env in enumerate(envs):
+            _, _, done, infos[i] = env.step(choose(infos[i]["admissible_commands"], seed, i, t))
+            if done:
+                infos[i] = env.reset(pool.game_files[tasks[i]])[1]
+    return n_envs * steps / (time.perf_counter() - start)
+
+
+def run_pool(pool: TaskPool, n_envs: int, steps: int, seed: int, workers: int) -> float:
+    tasks = [i % len(pool) for i in range(n_envs)]
+    with EnvPool(pool, num_workers=workers, step_timeout=120, max_steps=10_000) as envs:
+        infos = [info for _, info in envs.reset(tasks)]
+        start = time.perf_counter()
+        for t in range(steps):
+            out = envs.step({i: choose(infos[i]["admissible_commands"], seed, i, t) for i in range(n_envs)})
+            finished = [i for i in range(n_envs) if out[i][2]]
+            for i in range(n_envs):
+                infos[i] = out[i][3]
+            if finished:  # keep every env playing, as the single-process run does
+                for i, (_, info) in zip(finished, envs.reset([tasks[i] for i in finished])):
+                    infos[i] = info
+        return n_envs * steps / (time.perf_counter() - start)
+
+
+def time_one_env(pool: TaskPool, repeats: int = 5) -> dict[str, float]:
+    """Cold reset (first load of a game), cached reset, and one step, in ms, on generated games."""
+    env = AlfWorldEnv(max_steps=10_000)
+    cold = []
+    for game in pool.game_files[:3]:
+        start = time.perf_counter()
+        env.reset(game)
+        cold.append(time.perf_counter() - start)
+    warm, step = [], []
+    for r in range(repeats):
+        for game in pool.game_files[:3]:
+            start = time.perf_counter()
+            _, info = env.reset(game)
+            warm.append(time.perf_counter() - start)
+            for k in range(4):
+                action = choose(info["admissible_commands"], r, 0, k)
+                start = time.perf_counter()
+                _, _, _, info = env.step(action)
+                step.append(time.perf_counter() - start)
+    ms = lambda xs: 1000 * sorted(xs)[len(xs) // 2]  # noqa: E731 (median)
+    return {"reset_cold_ms": ms(cold), "reset_cached_ms": ms(warm), "step_ms": ms(step)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--workers", default="1,2,4")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = TaskPool.generated(tmp, n=12, seed=0, pool="seen")
+        timing = time_one_env(pool)
+        single = run_single(pool, args.envs, args.steps, args.seed)
+        print(f"single process: {single:.1f} steps/s", flush=True)
+        pooled = {}
+        for w in (int(x) for x in args.workers.split(",")):
+            pooled[w] = run_pool(pool, args.envs, args.steps, args.seed, w)
+            print(f"pool, {w} workers: {pooled[w]:.1f} steps/s ({pooled[w] / single:.2f}x)", flush=True)
+    result = {
+        "bench": "envs",
+        "envs": args.envs,
+        "steps_per_env": args.steps,
+        "single_steps_per_s": round(single, 2),
+        "pool_steps_per_s": {str(w): round(v, 2) for w, v in pooled.items()},
+        "speedup_vs_single": {str(w): round(v / single, 3) for w, v in pooled.items()},
+        **{k: round(v, 2) for k, v in timing.items()},
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The ALFWorld backend on the real games of ../shared/data/alfworld (skipped when they are absent)."""
+
+import json
+from collections import Counter
+
+import pytest
+import textworld
+from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+from textworld.envs.pddl import PddlEnv
+
+from roleagent_jax.envs import TASK_TYPES, AlfWorldEnv, TaskPool
+from roleagent_jax.envs.alfworld import WIN_REWARD, split_dir, task_type_of
+from roleagent_jax.evaluate import ExpertPolicy, RandomPolicy, evaluate
+
+EXPECTED_COUNTS = {
+    "pick_and_place_simple": 35,
+    "look_at_obj_in_light": 13,
+    "pick_clean_then_place_in_recep": 27,
+    "pick_heat_then_place_in_recep": 16,
+    "pick_cool_then_place_in_recep": 25,
+    "pick_two_obj_and_place": 24,
+}
+
+
+@pytest.fixture(scope="module")
+def valid_seen(alfworld_data) -> TaskPool:
+    return TaskPool.from_split(alfworld_data, "valid_seen")
+
+
+def first_of_each_type(pool: TaskPool) -> list[int]:
+    return [pool.task_types.index(t) for t in TASK_TYPES]
+
+
+def test_valid_seen_counts_and_order(valid_seen):
+    assert len(valid_seen) == 140
+    assert Counter(valid_seen.task_types) == EXPECTED_COUNTS
+    assert valid_seen.game_files == sorted(valid_seen.game_files)
+    for f, t, g in zip(valid_seen.game_files, valid_seen.task_types, valid_seen.goals):
+        assert f.endswith("game.tw-pddl") and t == task_type_of(f) and g.endswith(".")
+
+
+def test_missing_data_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="alfworld-download"):
+        TaskPool.from_split(tmp_path / "nowhere", "valid_seen")
+    with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA"):
+        split_dir(None, "valid_seen")
+
+
+def test_expert_wins_one_game_per_type(valid_seen):
+    env = AlfWorldEnv(max_steps=50, expert_plan=True)
+    for i in first_of_each_type(valid_seen):
+        obs, info = env.reset(valid_seen.game_files[i])
+        assert info["goal"] == valid_seen.goals[i] and info["task_type"] == valid_seen.task_types[i]
+        assert info["anchor"] == obs and not info["won"] and not info["env_failed"]
+        total, done = 0.0, False
+        while not done:
+            assert info["expert_plan"][0] in info["admissible_commands"]
+            obs, reward, done, info = env.step(info["expert_plan"][0])
+            total += reward
+        assert info["won"] and total == WIN_REWARD, valid_seen.game_files[i]
+        assert info["step"] <= 20
+
+
+def test_reset_loads_exactly_the_requested_game(valid_seen):
+    env = AlfWorldEnv(max_steps=5)
+    a, b = first_of_each_type(valid_seen)[:2]
+    obs_a, info_a = env.reset(valid_seen.game_files[a])
+    env.step(info_a["admissible_commands"][0])
+    obs_b, info_b = env.reset(valid_seen.game_files[b])
+    assert info_b["goal"] == valid_seen.goals[b] != valid_seen.goals[a]
+    again, info_again = env.reset(valid_seen.game_files[a])  # back to the first game's initial state
+    assert again == obs_a and info_again["admissible_commands"] == info_a["admissible_commands"]
+
+
+def test_cached_engine_matches_plain_textworld(valid_seen):
+    """Cached resets must replay exactly like textworld's own uncached PddlEnv under alfworld's wrappers."""
+    game = valid_seen.game_files[first_of_each_type(valid_seen)[2]]
+    plain = AlfredInfos(AlfredDemangler(PddlEnv(textworld.EnvInfos(won=True, admissible_commands=True))))
+    plain.load(game)
+    ours = AlfWorldEnv(max_steps=50)
+    for _ in range(2):  # second round uses the cached translation
+        ref = plain.reset()
+        obs, info = ours.reset(game)
+        assert obs == ref.feedback and info["admissible_commands"] == ref["admissible_commands"]
+        for k in range(8):
+            cmd = ref["admissible_commands"][(7 * k + 3) % len(ref["admissible_commands"])]
+            ref, _, _ = plain.step(cmd)
+            obs, _, _, info = ours.step(cmd)
+            assert obs == ref.feedback and info["admissible_commands"] == ref["admissible_commands"]
+
+
+def test_episode_ends_at_max_steps_and_stays_done(valid_seen):
+    env = AlfWorldEnv(max_steps=3)
+    obs, info = env.reset(valid_seen.game_files[0])
+    dones = [env.step("look")[2] for _ in range(3)]
+    assert dones == [False, False, True]
+    obs2, reward, done, info2 = env.step("look")
+    assert done and reward == 0.0 and info2["step"] == 3
+
+
+def test_random_fails_where_expert_wins(valid_seen):
+    """A few fixed games of the harder types: the expert wins all, the random policy none."""
+    ids = [
+        valid_seen.task_types.index("pick_two_obj_and_place"),
+        valid_seen.task_types.index("pick_clean_then_place_in_recep"),
+    ]
+    sub = valid_seen.subset(ids)
+    expert = evaluate(ExpertPolicy(), sub, "valid_seen", num_workers=2, max_steps=50)
+    random_ = evaluate(RandomPolicy(0), sub, "valid_seen", num_workers=2, max_steps=25)
+    assert expert["success"] == 1.0 and expert["n"] == 2
+    assert random_["success"] == 0.0 and random_["invalid_rate"] == 0.0
+
+
+@pytest.mark.slow
+def test_expert_and_random_on_all_of_valid_seen(valid_seen):
+    expert = evaluate(ExpertPolicy(), valid_seen, "valid_seen", num_workers=2, max_steps=50)
+    assert expert["n"] == 140 and expert["success"] >= 0.95, json.dumps(expert)
+    random_ = evaluate(RandomPolicy(0), valid_seen, "valid_seen", num_workers=2, max_steps=50)
+    assert random_["n"] == 140 and random_["success"] < 0.10, json.dumps(random_)

@@ -1,0 +1,170 @@
+"""Procedurally generated games: valid for alfworld's domain, solvable, reproducible, split by pool."""
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import alfworld.gen.constants as C
+import pytest
+
+from roleagent_jax.envs import TASK_TYPES, AlfWorldEnv, TaskPool, procgen
+from roleagent_jax.envs.alfworld import WIN_REWARD
+
+
+def play_expert(
+    pool: TaskPool, max_steps: int = 50, expert_type: str = "planner"
+) -> list[tuple[bool, int, list[str]]]:
+    """Play every game with alfworld's expert on the engine: (won, steps, observations) per game."""
+    env = AlfWorldEnv(max_steps=max_steps, expert_plan=True, expert_type=expert_type)
+    out = []
+    for game in pool.game_files:
+        obs, info = env.reset(game)
+        seen, total, done = [obs], 0.0, False
+        while not done:
+            obs, reward, done, info = env.step(info["expert_plan"][0] if info["expert_plan"] else "look")
+            seen.append(obs)
+            total += reward
+        assert total == (WIN_REWARD if info["won"] else 0.0)
+        out.append((info["won"], info["step"], seen))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gen_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("games")
+
+
+@pytest.fixture(scope="module")
+def seen12(gen_dir) -> TaskPool:
+    return TaskPool.generated(gen_dir, n=12, seed=3, pool="seen")
+
+
+def test_two_games_per_type_all_won_by_the_expert(seen12):
+    assert Counter(seen12.task_types) == {t: 2 for t in TASK_TYPES}
+    results = play_expert(seen12)
+    assert all(won for won, _, _ in results)
+    steps = [n for _, n, _ in results]
+    assert 3 <= min(steps) and max(steps) <= 12, steps
+    # the plans recorded at generation time replay to a win as well
+    assert set(seen12.expert_plans) == set(range(len(seen12)))
+    assert [len(seen12.expert_plans[i]) for i in range(len(seen12))] == steps
+
+
+def test_text_is_alfworlds(seen12):
+    env = AlfWorldEnv(max_steps=50)
+    for i, game in enumerate(seen12.game_files):
+        obs, info = env.reset(game)
+        assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
+        assert "You are in the middle of a room. Looking quickly around you, you see" in obs
+        assert f"Your task is to: {seen12.goals[i]}" in obs
+        go = [c for c in info["admissible_commands"] if c.startswith("go to ")]
+        assert go, info["admissible_commands"]
+        obs, *_ = env.step(go[0])
+        assert obs.startswith("You arrive at ")
+
+
+def test_handcoded_expert_also_solves_most(seen12):
+    """alfworld's rule-based expert (it explores instead of planning) wins the single-object tasks."""
+    single = seen12.subset([i for i, t in enumerate(seen12.task_types) if t != "pick_two_obj_and_place"])
+    results = play_expert(single, expert_type="handcoded")
+    assert sum(won for won, _, _ in results) >= len(results) - 1
+
+
+def test_same_seed_same_files_and_other_seed_differs(tmp_path):
+    a = procgen.generate(tmp_path / "a", 3, seed=11, pool="seen")
+    b = procgen.generate(tmp_path / "b", 3, seed=11, pool="seen")
+    c = procgen.generate(tmp_path / "c", 3, seed=12, pool="seen")
+    files = lambda s: {str(Path(f).relative_to(s.folder)): Path(f).read_bytes() for f in s.game_files}  # noqa: E731
+    assert files(a) == files(b)
+    assert (a.folder / "manifest.json").read_bytes() == (b.folder / "manifest.json").read_bytes()
+    assert files(a) != files(c)
+    again = procgen.generate(tmp_path / "a", 3, seed=11, pool="seen")  # reused, not regenerated
+    assert again.game_files == a.game_files
+    with pytest.raises(ValueError, match="other settings"):
+        procgen.generate(tmp_path / "a", 4, seed=11, pool="seen")
+
+
+def combos_of(pool: TaskPool) -> set[tuple]:
+    out = set()
+    for f in pool.game_files:
+        traj = json.loads((Path(f).parent / "traj_data.json").read_text())
+        p = traj["pddl_params"]
+        out.add(
+            (traj["task_type"], traj["room"], p["object_target"], p["parent_target"] or p["toggle_target"])
+        )
+    return out
+
+
+def test_seen_and_unseen_are_disjoint(gen_dir, seen12):
+    for t in TASK_TYPES:
+        seen, unseen = set(procgen.pool_combinations(t, "seen")), set(procgen.pool_combinations(t, "unseen"))
+        assert seen and unseen and not seen & unseen
+        assert seen | unseen == set(procgen.task_combinations(t))
+    unseen6 = TaskPool.generated(gen_dir, n=6, seed=3, pool="unseen")
+    assert Counter(unseen6.task_types) == {t: 1 for t in TASK_TYPES}
+    a, b = combos_of(seen12), combos_of(unseen6)
+    assert not a & b
+    assert all(c in set(procgen.pool_combinations(c[0], "unseen")) for c in b)
+    assert all(won for won, _, _ in play_expert(unseen6))
+
+
+def test_world_tables_agree_with_alfworld():
+    """Every containment and affordance the generator writes is one alfworld's own tables allow."""
+    for room, table in procgen.ROOMS.items():
+        for recep, objs in table.items():
+            assert recep in C.RECEPTACLES, recep
+            allowed = C.VAL_RECEPTACLE_OBJECTS[recep]
+            assert set(objs) <= allowed, (room, recep, set(objs) - allowed)
+    acts = C.VAL_ACTION_OBJECTS
+    assert procgen.HEATABLE <= acts["Heatable"] and procgen.COOLABLE <= acts["Coolable"]
+    assert procgen.CLEANABLE <= acts["Cleanable"] and procgen.LAMP in acts["Toggleable"]
+    assert procgen.OPENABLE <= set(C.OPENABLE_CLASS_LIST)
+    for task, rooms in procgen.TASK_ROOMS.items():
+        allowed_rooms = {r.lower() for r in C.GOALS_VALID[task]}
+        assert set(rooms) <= allowed_rooms, task
+
+
+def test_problem_has_the_structure_of_real_games(seen12):
+    real_predicates = {
+        "atLocation", "receptacleType", "objectType", "canContain", "pickupable", "openable", "inReceptacle",
+        "receptacleAtLocation", "objectAtLocation", "isReceptacleObject", "cleanable", "heatable", "coolable",
+        "toggleable",
+    }  # fmt: skip
+    for f in seen12.game_files:
+        game = json.loads(Path(f).read_text())
+        assert set(game) == {"pddl_domain", "grammar", "pddl_problem", "solvable"} and game["solvable"]
+        assert game["pddl_domain"] == procgen.DOMAIN_FILE.read_text()
+        problem = game["pddl_problem"]
+        init = problem[problem.index("(:init") : problem.index("(:goal")]
+        assert set(re.findall(r"\((\w+) ", init)) <= real_predicates
+        for kind in ("agent", "object", "otype", "rtype", "receptacle", "location"):
+            assert f" - {kind}\n" in problem
+        assert "_bar_" in problem and "(:domain alfred)" in problem
+
+
+def test_size_settings(tmp_path):
+    pool = TaskPool.generated(
+        tmp_path, n=6, seed=5, pool="seen", num_receptacles=4, num_objects=0, extra_targets=0
+    )
+    for f in pool.game_files:
+        problem = json.loads(Path(f).read_text())["pddl_problem"]
+        objects = problem[problem.index("(:objects") : problem.index("(:init")]
+        assert objects.count(" - receptacle\n") == 4
+        n_objects = objects.count(" - object\n")
+        assert n_objects <= 3  # goal object(s) and the lamp only
+    with pytest.raises(ValueError):
+        procgen.GenSize(num_receptacles=(6, 4)).ranges()
+    with pytest.raises(ValueError):
+        TaskPool.generated(tmp_path, n=2, seed=0, pool="other")
+
+
+@pytest.mark.slow
+def test_two_hundred_games_all_won(tmp_path):
+    pool = TaskPool.generated(tmp_path, n=200, seed=0, pool="seen")
+    assert Counter(pool.task_types) == {t: 200 // 6 + (i < 200 % 6) for i, t in enumerate(TASK_TYPES)}
+    results = play_expert(pool)
+    assert all(won for won, _, _ in results)
+    unseen = TaskPool.generated(tmp_path, n=60, seed=0, pool="unseen")
+    assert all(won for won, _, _ in play_expert(unseen))
+    assert not combos_of(pool) & combos_of(unseen)
