@@ -1,0 +1,119 @@
+"""Rollouts on the real engine with a scripted model: lockstep batching, WIA in the same sampler call."""
+
+import numpy as np
+import pytest
+
+from roleagent_jax import wia
+from roleagent_jax.envs import EnvPool, TaskPool
+from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
+from roleagent_jax.sampling import SampleResult
+from roleagent_jax.tokenizer import train_bpe_tokenizer
+
+
+class SpyPool:
+    """Forwards to a real EnvPool and remembers each slot's latest info and the last step's outcomes."""
+
+    def __init__(self, envs):
+        self.envs, self.info, self.last_outcomes = envs, {}, {}
+
+    def reset(self, task_ids):
+        out = self.envs.reset(task_ids)
+        self.info = {i: info for i, (_, info) in enumerate(out)}
+        return out
+
+    def step(self, actions):
+        out = self.envs.step(actions)
+        self.last_outcomes = out
+        self.info.update({i: o[3] for i, o in out.items()})
+        return out
+
+
+class ScriptedModel:
+    """Agent rows follow the expert plan; predictor rows answer with the observation that really came."""
+
+    def __init__(self, spy, perfect_predictor=True):
+        self.spy, self.perfect, self.calls, self.mixed_calls, self.expected_slots = spy, perfect_predictor, 0, 0, []
+
+    def __call__(self, requests):
+        self.calls += 1
+        roles = [r.role for r in requests]
+        assert roles == sorted(roles), "agent requests come first, then predictor requests"
+        self.mixed_calls += "agent" in roles and "predictor" in roles
+        agent_slots = [s for s in sorted(self.spy.info) if s in self.expected_slots]
+        predicted = [self.spy.last_outcomes[s] for s in sorted(self.spy.last_outcomes)]
+        out, k = [], 0
+        for r in requests:
+            if r.role == "agent":
+                plan = self.spy.info[agent_slots[k]].get("expert_plan") or ["look"]
+                text = f"<think>follow the plan</think><action>{plan[0]}</action>"
+                k += 1
+            else:
+                obs = predicted.pop(0)[0]
+                text = wia.format_predictions([obs if self.perfect else "a banana 7"])
+            out.append(SampleResult([1, 2, 3], [-0.5, -0.5, -0.5], text, "stop", r.role))
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    pool = TaskPool.generated(root / "games", n=4, seed=3, pool="seen", num_receptacles=4, num_objects=2)
+    tok = train_bpe_tokenizer(["You arrive at cabinet 1. <action>go to fridge 1</action>"] * 10, 300, root / "tok")
+    envs = EnvPool(pool, num_workers=2, max_steps=20, expert_plan=True)
+    yield pool, tok, envs
+    envs.close()
+
+
+def run(setup, mode, perfect=True):
+    pool, tok, envs = setup
+    spy = SpyPool(envs)
+    model = ScriptedModel(spy, perfect)
+
+    def generate(requests):
+        model.expected_slots = [i for i in range(8) if i not in done_slots]
+        return model(requests)
+
+    done_slots: set[int] = set()
+    original_step = spy.step
+
+    def step(actions):
+        out = original_step(actions)
+        done_slots.update(i for i, o in out.items() if o[2])
+        return out
+
+    spy.step = step
+    settings = RolloutSettings(max_steps=20, history_k=2, max_prompt_tokens=4096, max_response_tokens=32,
+                               wia_mode=mode, wia_horizon=1, wia_fraction=1.0)
+    task_ids = [0, 0, 1, 1, 2, 2, 3, 3]
+    result = collect(generate, spy, task_ids, [0, 0, 1, 1, 2, 2, 3, 3], tok, settings)
+    return result, model
+
+
+def test_lockstep_rollout_follows_expert_and_wins(setup):
+    result, model = run(setup, "off")
+    assert all(t.won for t in result.trajectories)
+    longest = max(len(t.steps) for t in result.trajectories)
+    assert model.calls == longest  # one batched call per step; finished envs leave the batch
+    assert len(result.rows) == sum(len(t.steps) for t in result.trajectories)
+    for r in result.rows:
+        traj = result.trajectories[r.traj_id]
+        assert traj.steps[r.step_index].reward == r.reward and r.valid
+    # Two rollouts of the same task see the same first observation: same anchor, same group.
+    first = {(r.traj_id): r.anchor_hash for r in result.rows if r.step_index == 0}
+    assert first[0] == first[1] and first[0] != first[2]
+
+
+def test_separate_mode_shares_one_call_per_step_and_perfect_predictions_score_one(setup):
+    result, model = run(setup, "separate")
+    longest = max(len(t.steps) for t in result.trajectories)
+    assert model.calls == longest + 1  # the last actions' predictions need one final call
+    assert model.mixed_calls == longest - 1  # every other call carries both roles together
+    mult, metrics = wia_multipliers(result, lam=1.0)
+    np.testing.assert_allclose(mult, 2.0)  # R_pre = 1 on every scored step
+    assert metrics["wia/parse_rate"] == 1.0 and metrics["wia/lms_h1"] == 1.0
+
+
+def test_wrong_predictions_score_low(setup):
+    result, _ = run(setup, "separate", perfect=False)
+    mult, metrics = wia_multipliers(result, lam=1.0)
+    assert metrics["wia/lms_h1"] < 0.3 and np.all(mult < 1.3)
