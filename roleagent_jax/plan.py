@@ -1,0 +1,630 @@
+"""Per-device memory plan of a run, from abstract shapes: will it fit, and if not, what to change.
+
+    python -m roleagent_jax.plan --config=configs/alfworld.py --mesh=data:1,fsdp:8,tensor:1 --model=1.5b
+    python -m roleagent_jax.plan --config=configs/alfworld.py --mesh=data:1,fsdp:4,tensor:2 --model=7b \\
+        --chip=v5e --micro-batch-rows=8
+
+Parameters and optimizer state are counted exactly: the model and ``optimizer.init`` are traced with
+``nnx.eval_shape`` / ``jax.eval_shape`` (no weights are made) and every leaf is divided by the mesh axes
+its partition rule (``sharding.PARTITION_RULES``) puts on it. The KV cache is ``init_cache``'s abstract
+shape for one sampler call. Activations are an estimate (formula in ``activation_bytes`` and
+docs/scaling.md). The last line printed is a JSON object with every number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.sharding import AXES, spec_for
+
+GIB = 1024**3
+
+# HBM per chip (GiB) of the accelerators users run on; --hbm-gb overrides.
+CHIP_HBM_GB: dict[str, float] = {
+    "v4": 32,
+    "v5e": 16,
+    "v5p": 95,
+    "v6e": 32,
+    "v3": 16,
+    "a100-40": 40,
+    "a100-80": 80,
+    "h100": 80,
+    "h200": 141,
+}
+# Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.
+USABLE_FRACTION = 0.9
+
+# The released Qwen2.5-Instruct config.json values (so planning needs no download).
+_QWEN25_COMMON = dict(
+    architectures=["Qwen2ForCausalLM"],
+    model_type="qwen2",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_position_embeddings=32768,
+    use_sliding_window=False,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    torch_dtype="bfloat16",
+)
+BUILTIN_MODELS: dict[str, dict] = {
+    "0.5b": dict(
+        _QWEN25_COMMON,
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        _QWEN25_COMMON,
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        _QWEN25_COMMON,
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
+}
+MODEL_NAMES = {"0.5b": "Qwen2.5-0.5B-Instruct", "1.5b": "Qwen2.5-1.5B-Instruct", "7b": "Qwen2.5-7B-Instruct"}
+
+# The sampler's default bucket sizes (sampling.Sampler): one call holds at most the largest batch bucket.
+SAMPLER_BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+SAMPLER_PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data:1,fsdp:8,tensor:1"`` -> sizes of the three mesh axes (missing axes are 1)."""
+    sizes = dict.fromkeys(AXES, 1)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition(":")
+        if not sep or name not in sizes or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"bad mesh {text!r}: use e.g. data:1,fsdp:8,tensor:1 (axes {', '.join(AXES)})")
+        sizes[name] = int(value)
+    return sizes
+
+
+def abstract_mesh(sizes: dict[str, int]) -> jax.sharding.AbstractMesh:
+    """A device-free mesh of the given axis sizes (enough for partition rules and sizes)."""
+    return jax.sharding.AbstractMesh(tuple(sizes[a] for a in AXES), AXES)
+
+
+def model_config(model: str, config: Any, param_dtype: str | None = None) -> tuple[Qwen2Config, str]:
+    """The Qwen2Config to plan and a label for it, with the dtypes the trainer would use.
+
+    ``model``: a built-in name (0.5b, 1.5b, 7b), a config.json file or a checkpoint directory, or ""
+    for the run's own model (``config.model.path``, else the random-init ``config.model.init``).
+    Pretrained weights are loaded in ``config.model.dtype`` (as the trainer does); a random init stores
+    ``config.model.param_dtype``.
+    """
+    m = config.model
+    overrides = dict(dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+    key = model.lower()
+    if key in BUILTIN_MODELS:
+        cfg, label, pdt = BUILTIN_MODELS[key], MODEL_NAMES[key], m.dtype
+    elif model or m.path:
+        path = Path(model or m.path)
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"no config.json at {file}: pass --model=0.5b|1.5b|7b, a config.json or a checkpoint directory"
+            )
+        cfg, label, pdt = json.loads(file.read_text()), str(path), m.dtype
+    else:
+        vocab = int(config.tokenizer.train_vocab_size)
+        cfg = dict(m.init.to_dict(), vocab_size=vocab, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+        label, pdt = f"random init (config.model.init, vocab {vocab})", m.param_dtype
+    return Qwen2Config.from_hf(cfg, param_dtype=param_dtype or pdt, **overrides), label
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The shapes a run pushes through the devices, read from the trainer config."""
+
+    rollout_rows: int  # rows in one sampler call (agent + predictor prompts)
+    prompt_len: int  # prompt bucket of that call
+    cache_len: int  # KV slots per row: prompt bucket + new tokens
+    micro_batch_rows: int  # rows per gradient micro-batch
+    mini_batch_rows: int
+    seq_len: int  # training row length (prompt + response)
+    kl: bool  # a frozen reference model is kept
+    remat: bool
+    optimizer: dict
+
+    @classmethod
+    def from_config(
+        cls, config: Any, micro_batch_rows: int | None = None, remat: bool | None = None
+    ) -> Workload:
+        r, c = config.rollout, config
+        rows = r.tasks_per_iter * r.group_size
+        wia_mode = "off" if c.algo in ("grpo", "gigpo") else c.wia.mode
+        if wia_mode == "separate":
+            rows += math.ceil(rows * c.wia.fraction)  # predictor prompts ride in the same call
+        rows = min(rows, SAMPLER_BATCH_BUCKETS[-1])
+        rows = next(b for b in SAMPLER_BATCH_BUCKETS if b >= rows)
+        prompt = next((b for b in SAMPLER_PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
+        new = max(r.max_response_tokens, c.wia.max_tokens if wia_mode == "separate" else 0)
+        kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
+        opt = dict(
+            lr=c.optim.lr,
+            weight_decay=c.optim.weight_decay,
+            grad_clip=c.optim.grad_clip,
+            warmup_steps=c.optim.warmup_steps,
+            schedule=c.optim.schedule,
+            total_steps=max(c.iterations, 1),
+        )
+        return cls(
+            rollout_rows=rows,
+            prompt_len=prompt,
+            cache_len=prompt + new,
+            micro_batch_rows=micro_batch_rows or c.train.micro_batch_rows,
+            mini_batch_rows=c.train.mini_batch_rows,
+            seq_len=r.max_prompt_tokens + r.max_response_tokens,
+            kl=kl,
+            remat=c.model.remat if remat is None else remat,
+            optimizer=opt,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+def abstract_params(cfg: Qwen2Config) -> nnx.State:
+    """The model's parameter state as ShapeDtypeStructs (nothing allocated)."""
+    model = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    return nnx.state(model)
+
+
+def make_optimizer(settings: dict):
+    """The trainer's optimizer (train_step.make_optimizer), or AdamW with the same settings."""
+    try:
+        from roleagent_jax.train_step import make_optimizer as project_optimizer
+    except ImportError:
+        import optax
+
+        clip = optax.clip_by_global_norm(settings["grad_clip"]) if settings["grad_clip"] else optax.identity()
+        return optax.chain(clip, optax.adamw(settings["lr"], weight_decay=settings["weight_decay"]))
+    return project_optimizer(**settings)
+
+
+def abstract_opt_state(params: Any, settings: dict) -> Any:
+    return jax.eval_shape(make_optimizer(settings).init, params)
+
+
+def tree_bytes(tree: Any) -> int:
+    """Total bytes of every array leaf (global, unsharded)."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _path_str(path: tuple) -> str:
+    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return "/".join(p for p in parts if p not in ("value", "raw_value"))
+
+
+def _shard_factor(spec: P, sizes: dict[str, int]) -> int:
+    factor = 1
+    for entry in spec:
+        for name in entry if isinstance(entry, tuple) else (entry,):
+            if name is not None:
+                factor *= sizes[name]
+    return factor
+
+
+def device_bytes(tree: Any, mesh: jax.sharding.AbstractMesh, params: Any | None = None) -> int:
+    """Bytes one device holds of ``tree`` under the partition rules.
+
+    ``params`` given (optimizer state): a leaf whose path ends with a parameter's path and has its shape
+    (Adam moments) is sharded like that parameter, anything else (step counts, hyper-parameters) is
+    replicated, as the train step places them. Without ``params`` every leaf is a parameter.
+    """
+    sizes = dict(mesh.shape)
+    known: dict[str, tuple[tuple[int, ...], P]] = {}
+    if params is not None:
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            name = _path_str(path)
+            known[name] = (tuple(leaf.shape), spec_for(name, tuple(leaf.shape), mesh=mesh))
+    total = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        name, shape = _path_str(path), tuple(leaf.shape)
+        if params is None:
+            spec = spec_for(name, shape, mesh=mesh)
+        else:
+            parts = name.split("/")
+            hits = (known.get("/".join(parts[i:])) for i in range(len(parts)))
+            spec = next((s for hit in hits if hit is not None and hit[0] == shape for s in [hit[1]]), P())
+        nbytes = int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+        total += nbytes // _shard_factor(spec, sizes)
+    return total
+
+
+def kv_cache_bytes(cfg: Qwen2Config, rows: int, length: int, sizes: dict[str, int]) -> tuple[int, int]:
+    """(global, per-device) bytes of one sampler call's KV cache: rows over data x fsdp, KV heads over
+    tensor when they divide (``sharding.cache_sharding``)."""
+    cache = jax.eval_shape(lambda: init_cache(cfg, rows, length))
+    total = tree_bytes(cache)
+    heads = sizes["tensor"] if cfg.num_key_value_heads % sizes["tensor"] == 0 else 1
+    return total, total // (sizes["data"] * sizes["fsdp"] * heads)
+
+
+def _per_device_rows(rows: int, sizes: dict[str, int]) -> int:
+    return math.ceil(rows / (sizes["data"] * sizes["fsdp"]))
+
+
+def activation_bytes(
+    cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int], remat: bool
+) -> dict[str, int]:
+    """Estimated per-device activation memory of one training micro-batch (forward kept for backward).
+
+    Per layer and token (compute itemsize ``b``; heads, intermediate and vocab split over ``tensor``):
+    block input, two norm outputs and the attention residual ``4h·b``; q/k/v before and after RoPE
+    ``2(n+2kv)d·b``; attention output ``nd·b``; MLP gate, up, silu(gate), product ``4i·b``; attention
+    scores, float32 probabilities and probabilities in ``b`` ``n·T·(8+b)``. Without remat every layer keeps all of that;
+    with per-layer remat only each block's input (``h·b`` per token) is kept, plus one layer's worth
+    being recomputed. Logits, their float32 softmax and its gradient add ``3·V·4`` per token.
+    """
+    b = np.dtype(cfg.dtype).itemsize
+    t = sizes["tensor"]
+    r = _per_device_rows(rows, sizes)
+    h, i, n, kv, d = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    )
+    split = (2 * (n + 2 * kv) * d + n * d + 4 * i) * b + n * seq * (8 + b)
+    per_token_layer = 4 * h * b + split / t
+    layer = r * seq * per_token_layer
+    logits = r * seq * 3 * 4 * math.ceil(cfg.vocab_size / t)
+    embed = r * seq * h * b
+    if remat:
+        layers = cfg.num_hidden_layers * r * seq * h * b + layer
+    else:
+        layers = cfg.num_hidden_layers * layer
+    return {"layers": int(layers), "logits": int(logits), "embed": int(embed), "one_layer": int(layer)}
+
+
+def logprob_bytes(cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int]) -> int:
+    """Per-device peak of the forward-only log-prob pass (old and reference log-probs): one layer's
+    activations at a time plus float32 logits and their exponentials ``2·V·4`` per token."""
+    act = activation_bytes(cfg, rows, seq, sizes, remat=True)
+    r = _per_device_rows(rows, sizes)
+    return int(act["one_layer"] + r * seq * 2 * 4 * math.ceil(cfg.vocab_size / sizes["tensor"]))
+
+
+def prefill_bytes(cfg: Qwen2Config, work: Workload, sizes: dict[str, int]) -> int:
+    """Per-device transient of the sampler's prefill (one layer at a time, no backward): attention
+    scores, masked scores and probabilities ``n·P·S·(4+4+b)`` per row, plus the MLP's ``3·P·i·b``."""
+    b = np.dtype(cfg.dtype).itemsize
+    t = sizes["tensor"]
+    r = _per_device_rows(work.rollout_rows, sizes)
+    n, i, p, s = cfg.num_attention_heads, cfg.intermediate_size, work.prompt_len, work.cache_len
+    return int(r * (n * p * s * (8 + b) + 3 * p * i * b) / t)
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+@dataclasses.dataclass
+class Plan:
+    model: str
+    mesh: dict[str, int]
+    hbm_gb: float
+    work: Workload
+    params_total: int
+    rows: list[tuple[str, int, int, str]]  # (component, global bytes, per-device bytes, note)
+    phases: dict[str, int]  # per-device bytes at the peak of each phase
+    peak: int
+    fits: bool
+    advice: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "mesh": self.mesh,
+            "hbm_gb": self.hbm_gb,
+            "params": self.params_total,
+            "workload": dataclasses.asdict(self.work),
+            "components": {name: {"global_bytes": g, "device_bytes": dev} for name, g, dev, _ in self.rows},
+            "phases_device_bytes": self.phases,
+            "peak_device_bytes": self.peak,
+            "peak_device_gib": round(self.peak / GIB, 3),
+            "usable_gib": round(self.hbm_gb * USABLE_FRACTION, 3),
+            "fits": self.fits,
+            "advice": self.advice,
+        }
+
+
+def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workload, hbm_gb: float) -> Plan:
+    """Every component's global and per-device bytes, the per-phase peaks and whether it fits."""
+    mesh = abstract_mesh(sizes)
+    params = abstract_params(cfg)
+    opt = abstract_opt_state(params, work.optimizer)
+    p_glob, p_dev = tree_bytes(params), device_bytes(params, mesh)
+    o_glob, o_dev = tree_bytes(opt), device_bytes(opt, mesh, params=params)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    micro = max(1, work.mini_batch_rows // work.micro_batch_rows)
+    f32_params = 4 * n_params
+    g_glob = p_glob + (f32_params if micro > 1 else 0)
+    g_dev = p_dev * (1 + (4 // np.dtype(cfg.param_dtype).itemsize if micro > 1 else 0))
+    ref = (p_glob, p_dev) if work.kl else (0, 0)
+    kv_glob, kv_dev = kv_cache_bytes(cfg, work.rollout_rows, work.cache_len, sizes)
+    pre = prefill_bytes(cfg, work, sizes)
+    act = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, work.remat)
+    act_other = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, not work.remat)
+    act_dev = act["layers"] + act["logits"] + act["embed"]
+    other_dev = act_other["layers"] + act_other["logits"] + act_other["embed"]
+    nd = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    lp = logprob_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes)
+    lp_whole = logprob_bytes(cfg, work.mini_batch_rows, work.seq_len, sizes)
+    remat_note = "remat on" if work.remat else "remat off"
+    rows = [
+        ("parameters", p_glob, p_dev, f"{n_params / 1e9:.3f}B x {np.dtype(cfg.param_dtype).name}"),
+        (
+            "optimizer state",
+            o_glob,
+            o_dev,
+            "AdamW moments (dtypes as optax makes them), sharded like the params",
+        ),
+        ("gradients", g_glob, g_dev, "param dtype" + (" + float32 accumulator" if micro > 1 else "")),
+        ("reference model", ref[0], ref[1], "KL on: frozen copy" if work.kl else "KL off"),
+        (
+            "KV cache (rollout)",
+            kv_glob,
+            kv_dev,
+            f"{work.rollout_rows} rows x {work.cache_len} slots, {np.dtype(cfg.dtype).name}",
+        ),
+        ("prefill transient", pre * nd, pre, f"attention over a {work.prompt_len}-token prompt, one layer"),
+        (
+            f"activations ({remat_note})",
+            act_dev * nd,
+            act_dev,
+            f"{work.micro_batch_rows} rows x {work.seq_len} tokens per micro-batch",
+        ),
+        (
+            f"activations ({'remat off' if work.remat else 'remat on'})",
+            other_dev * nd,
+            other_dev,
+            "for comparison",
+        ),
+        (
+            "log-prob pass",
+            lp * nd,
+            lp,
+            f"forward only, per micro-batch ({work.mini_batch_rows} rows at once: {lp_whole / GIB:.1f} GiB/device)",
+        ),
+    ]
+    persistent = p_dev + o_dev + ref[1]
+    phases = {
+        "persistent": persistent,
+        "rollout": persistent + kv_dev + pre,
+        "logprob": persistent + lp,
+        "train": persistent + g_dev + act_dev,
+    }
+    peak = max(phases.values())
+    fits = peak <= hbm_gb * GIB * USABLE_FRACTION
+    return Plan(label, dict(sizes), hbm_gb, work, n_params, rows, phases, peak, fits)
+
+
+def advise(
+    cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workload, hbm_gb: float, plan: Plan
+) -> list[str]:
+    """Concrete changes that make the plan fit, each checked by re-planning with the change applied."""
+    usable = hbm_gb * GIB * USABLE_FRACTION
+    out: list[str] = []
+    devices = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+
+    def fits(c=cfg, s=sizes, w=work) -> Plan:
+        return make_plan(c, label, s, w, hbm_gb)
+
+    if plan.phases["persistent"] > usable:
+        for fsdp in (sizes["fsdp"] * k for k in (2, 4, 8, 16, 32)):
+            trial = fits(s=dict(sizes, fsdp=fsdp))
+            if trial.phases["persistent"] <= usable:
+                out.append(
+                    f"parameters + optimizer state need a larger slice: fsdp={fsdp} "
+                    f"({fsdp * sizes['data'] * sizes['tensor']} chips) holds them in "
+                    f"{trial.phases['persistent'] / GIB:.1f} GiB per device"
+                )
+                break
+        if np.dtype(cfg.param_dtype).itemsize > 2:
+            trial = fits(c=cfg.replace(param_dtype="bfloat16"))
+            out.append(
+                f"bfloat16 weights (--config.model.param_dtype=bfloat16 or a bf16 checkpoint) cut the "
+                f"persistent state to {trial.phases['persistent'] / GIB:.1f} GiB per device"
+            )
+        if work.kl:
+            trial = fits(w=dataclasses.replace(work, kl=False))
+            out.append(
+                f"without the KL reference model (--config.loss.kl_coef=0) the persistent state is "
+                f"{trial.phases['persistent'] / GIB:.1f} GiB per device"
+            )
+    if plan.phases["train"] > usable:
+        w = work
+        if not work.remat:
+            w = dataclasses.replace(work, remat=True)
+            trial = fits(w=w)
+            out.append(
+                f"turn on remat (--config.model.remat=true): training peak {trial.phases['train'] / GIB:.1f} GiB"
+            )
+        shards = sizes["data"] * sizes["fsdp"]
+        candidates = [
+            m
+            for m in range(work.micro_batch_rows - 1, 0, -1)
+            if work.mini_batch_rows % m == 0 and m % shards == 0
+        ]
+        for m in candidates:
+            trial = fits(w=dataclasses.replace(w, micro_batch_rows=m))
+            if trial.phases["train"] <= usable:
+                out.append(
+                    f"smaller micro-batches (--config.train.micro_batch_rows={m}): training peak "
+                    f"{trial.phases['train'] / GIB:.1f} GiB"
+                )
+                break
+        else:
+            if candidates or work.micro_batch_rows <= shards:
+                out.append(
+                    f"even {shards} rows per micro-batch (one per batch shard) do not fit: shorten "
+                    f"rollout.max_prompt_tokens, or add tensor parallelism (mesh tensor=2 or 4) to split "
+                    f"the attention and vocabulary activations"
+                )
+    if plan.phases["rollout"] > usable:
+        for rows in reversed(SAMPLER_BATCH_BUCKETS):
+            if rows >= work.rollout_rows or rows % (sizes["data"] * sizes["fsdp"]):
+                continue
+            trial = fits(w=dataclasses.replace(work, rollout_rows=rows))
+            if trial.phases["rollout"] <= usable:
+                out.append(
+                    f"generate in chunks of {rows} rows (Sampler batch_buckets up to {rows}): rollout "
+                    f"peak {trial.phases['rollout'] / GIB:.1f} GiB"
+                )
+                break
+        else:
+            out.append(
+                "the rollout does not fit even in small chunks: shorten max_prompt_tokens or add chips"
+            )
+    if not out and not plan.fits:
+        out.append(f"no single change found; try more chips than {devices}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:9.2f}"
+
+
+def format_table(plan: Plan) -> str:
+    mesh = ",".join(f"{k}:{v}" for k, v in plan.mesh.items())
+    lines = [
+        f"model {plan.model} ({plan.params_total / 1e9:.3f}B params), mesh {mesh}, "
+        f"HBM {plan.hbm_gb:g} GiB/device (plan within {USABLE_FRACTION:.0%})",
+        "",
+        f"| {'component':28s} | {'global GiB':>10s} | {'per device GiB':>14s} | note",
+        f"|{'-' * 30}|{'-' * 12}|{'-' * 16}|{'-' * 40}",
+    ]
+    for name, g, dev, note in plan.rows:
+        lines.append(f"| {name:28s} | {_gib(g):>10s} | {_gib(dev):>14s} | {note}")
+    lines.append("")
+    for phase, value in plan.phases.items():
+        lines.append(f"{phase:>10s} peak per device: {value / GIB:8.2f} GiB")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines.append(
+        f"{'peak':>10s}: {plan.peak / GIB:.2f} GiB of {plan.hbm_gb * USABLE_FRACTION:.1f} usable -> {verdict}"
+    )
+    for a in plan.advice:
+        lines.append(f"  advice: {a}")
+    return "\n".join(lines)
+
+
+def plan_from_config(
+    config: Any,
+    model: str = "",
+    mesh: str = "data:1,fsdp:8,tensor:1",
+    chip: str = "v4",
+    hbm_gb: float | None = None,
+    micro_batch_rows: int | None = None,
+    remat: bool | None = None,
+    param_dtype: str | None = None,
+) -> Plan:
+    """The whole planner as a function (the CLI's body)."""
+    from roleagent_jax.config import apply_algo
+
+    config = apply_algo(config)
+    if hbm_gb is None:
+        if chip not in CHIP_HBM_GB:
+            raise ValueError(f"unknown chip {chip!r}: use one of {', '.join(CHIP_HBM_GB)} or give --hbm_gb")
+        hbm_gb = CHIP_HBM_GB[chip]
+    sizes = parse_mesh(mesh)
+    cfg, label = model_config(model, config, param_dtype)
+    if remat is not None:
+        cfg = cfg.replace(remat=remat)
+    work = Workload.from_config(config, micro_batch_rows, remat)
+    if work.mini_batch_rows % work.micro_batch_rows:
+        raise ValueError(
+            f"micro_batch_rows {work.micro_batch_rows} must divide mini_batch_rows {work.mini_batch_rows}"
+        )
+    plan = make_plan(cfg, label, sizes, work, hbm_gb)
+    plan.advice = [] if plan.fits else advise(cfg, label, sizes, work, hbm_gb, plan)
+    return plan
+
+
+def main(argv: list[str]) -> int:
+    from absl import flags
+    from ml_collections import config_flags
+
+    del argv
+    cfg_flag = config_flags.DEFINE_config_file("config", "configs/alfworld.py", "Trainer config file.")
+    mesh = flags.DEFINE_string(
+        "mesh", "data:1,fsdp:8,tensor:1", "Mesh axis sizes, e.g. data:1,fsdp:4,tensor:2."
+    )
+    model = flags.DEFINE_string(
+        "model",
+        "",
+        "0.5b | 1.5b | 7b | a config.json or checkpoint dir; "
+        "default: the config's model.path, else its random-init model.",
+    )
+    chip = flags.DEFINE_enum("chip", "v4", list(CHIP_HBM_GB), "Accelerator, for its HBM per device.")
+    hbm = flags.DEFINE_float("hbm_gb", None, "HBM per device in GiB (overrides --chip).")
+    micro = flags.DEFINE_integer("micro_batch_rows", None, "Rows per micro-batch (default: the config's).")
+    remat = flags.DEFINE_bool("remat", None, "Override config.model.remat.")
+    pdt = flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16"], "Override the stored weight dtype.")
+    flags.FLAGS(_normalise(sys.argv))
+    try:
+        plan = plan_from_config(
+            cfg_flag.value,
+            model.value,
+            mesh.value,
+            chip.value,
+            hbm.value,
+            micro.value,
+            remat.value,
+            pdt.value,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(plan))
+    print(json.dumps(plan.to_json()))
+    return 0
+
+
+def _normalise(argv: list[str]) -> list[str]:
+    """Accept --micro-batch-rows / --hbm-gb / --param-dtype spellings as well as underscores."""
+    return [
+        re.sub(r"^--(micro-batch-rows|hbm-gb|param-dtype)", lambda m: "--" + m.group(1).replace("-", "_"), a)
+        for a in argv
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

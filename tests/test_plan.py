@@ -1,0 +1,201 @@
+"""The memory planner counts what the real state holds: parameters and optimizer state (global and per
+device on a real sharded mesh), the KV cache, and the published Qwen2.5 parameter counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from roleagent_jax import plan
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.sharding import cache_sharding, make_mesh, shard_model
+
+REPO = Path(__file__).resolve().parents[1]
+OPT = dict(lr=1e-6, weight_decay=0.01, grad_clip=1.0, warmup_steps=0, schedule="constant", total_steps=10)
+
+
+def tiny(tie: bool = False, param_dtype: str = "float32") -> Qwen2Config:
+    # 6 query heads / 3 KV heads / vocab 100: some dims do not divide tensor=2 or fsdp=4 (replicated).
+    return Qwen2Config(
+        vocab_size=100,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        tie_word_embeddings=tie,
+        param_dtype=param_dtype,
+        dtype="bfloat16",
+    )
+
+
+def nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def device0_bytes(tree) -> int:
+    """What device 0 really holds of a tree of sharded arrays."""
+    dev = jax.devices()[0]
+    total = 0
+    for x in jax.tree.leaves(tree):
+        total += sum(s.data.nbytes for s in x.addressable_shards if s.device == dev)
+    return total
+
+
+def load_config(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+@pytest.mark.parametrize("tie,pdt", [(False, "float32"), (True, "bfloat16")])
+def test_param_and_optimizer_bytes_equal_real_state(tie, pdt):
+    from roleagent_jax.train_step import make_optimizer
+
+    cfg = tiny(tie, pdt)
+    params = nnx.state(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    opt_state = make_optimizer(**OPT).init(params)
+    abstract = plan.abstract_params(cfg)
+    assert plan.tree_bytes(abstract) == nbytes(params)
+    assert plan.tree_bytes(plan.abstract_opt_state(abstract, OPT)) == nbytes(opt_state)
+
+
+@pytest.mark.parametrize("mesh_sizes", [(1, 4, 2), (2, 4, 1), (1, 8, 1)])
+def test_per_device_bytes_equal_real_sharded_state(mesh_sizes):
+    from roleagent_jax.train_step import TrainState, make_optimizer
+
+    data, fsdp, tensor = mesh_sizes
+    mesh = make_mesh(data, fsdp, tensor)
+    cfg = tiny()
+    model = shard_model(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    params = nnx.state(model)
+    state = TrainState.create(params, make_optimizer(**OPT), jax.random.PRNGKey(0), mesh=mesh)
+    amesh = plan.abstract_mesh({"data": data, "fsdp": fsdp, "tensor": tensor})
+    abstract = plan.abstract_params(cfg)
+    assert plan.device_bytes(abstract, amesh) == device0_bytes(state.params)
+    opt_abs = plan.abstract_opt_state(abstract, OPT)
+    assert plan.device_bytes(opt_abs, amesh, params=abstract) == device0_bytes(state.opt_state)
+    # Sharding really divided something (the test would be weak if everything were replicated).
+    assert device0_bytes(state.params) < nbytes(state.params)
+
+
+def test_kv_cache_bytes_equal_real_sharded_cache():
+    mesh = make_mesh(1, 4, 2)
+    cfg = Qwen2Config(
+        vocab_size=100,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        dtype="bfloat16",
+    )
+    cache = jax.device_put(init_cache(cfg, 16, 40), cache_sharding(mesh, cfg))
+    total, dev = plan.kv_cache_bytes(cfg, 16, 40, dict(mesh.shape))
+    assert total == nbytes(cache)
+    assert dev == device0_bytes(cache)
+
+
+@pytest.mark.parametrize("name,published", [("0.5b", 494_032_768), ("7b", 7_615_616_512)])
+def test_builtin_qwen25_counts_match_transformers(name, published):
+    """Built-in configs give the released models' sizes, counted independently by transformers (meta)."""
+    import torch
+    import transformers
+
+    hf = plan.BUILTIN_MODELS[name]
+    fields = {k: v for k, v in hf.items() if k not in ("architectures", "model_type")}
+    with torch.device("meta"):
+        ref = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
+    n_ref = sum(p.numel() for p in ref.parameters())  # tied weights are one parameter
+    config = load_config("alfworld")
+    cfg, _ = plan.model_config(name, config)
+    abstract = plan.abstract_params(cfg)
+    n_ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract))
+    assert n_ours == n_ref == published
+    assert plan.tree_bytes(abstract) == 2 * published  # pretrained weights load in config.model.dtype = bf16
+
+
+def test_optimizer_bytes_for_0_5b_extrapolate_from_a_real_bf16_state():
+    """Adam's per-parameter bytes (whatever dtypes optax picks for each moment) measured on a real tiny
+    bf16 state, times the 0.5B parameter count, plus the fixed scalars, is the planner's number."""
+    from roleagent_jax.train_step import make_optimizer
+
+    optimizer = make_optimizer(**OPT)
+    scalars = nbytes(optimizer.init({}))
+    small = nnx.state(Qwen2ForCausalLM(tiny(param_dtype="bfloat16"), rngs=nnx.Rngs(0)))
+    n_small = sum(x.size for x in jax.tree.leaves(small))
+    per_param = (nbytes(optimizer.init(small)) - scalars) / n_small
+    cfg, _ = plan.model_config("0.5b", load_config("alfworld"))
+    opt = plan.abstract_opt_state(plan.abstract_params(cfg), OPT)
+    assert plan.tree_bytes(opt) == scalars + per_param * 494_032_768
+
+
+def test_activation_estimate_behaves():
+    cfg, _ = plan.model_config("1.5b", load_config("alfworld"))
+    sizes = {"data": 1, "fsdp": 8, "tensor": 1}
+    on = plan.activation_bytes(cfg, 16, 2560, sizes, remat=True)
+    off = plan.activation_bytes(cfg, 16, 2560, sizes, remat=False)
+    assert on["layers"] < off["layers"] / 4
+    assert off["layers"] == cfg.num_hidden_layers * off["one_layer"]
+    double = plan.activation_bytes(cfg, 32, 2560, sizes, remat=False)
+    assert double["layers"] == 2 * off["layers"]
+    split = plan.activation_bytes(cfg, 16, 2560, dict(sizes, tensor=2), remat=False)
+    assert split["logits"] * 2 == off["logits"] and split["layers"] < off["layers"]
+
+
+def test_plan_1_5b_fits_v4_and_7b_gets_checked_advice():
+    config = load_config("alfworld")
+    small = plan.plan_from_config(config, "1.5b", "data:1,fsdp:8,tensor:1", chip="v4")
+    assert small.fits and not small.advice
+    big = plan.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", chip="v5e")
+    assert not big.fits and big.advice
+    assert big.params_total == 7_615_616_512
+    assert big.phases["persistent"] < big.phases["train"] <= big.peak
+
+
+def test_parse_mesh_and_bad_input():
+    assert plan.parse_mesh("data:2,fsdp:4") == {"data": 2, "fsdp": 4, "tensor": 1}
+    for bad in ("data=2", "pipe:2", "fsdp:0", "fsdp:x"):
+        with pytest.raises(ValueError, match="bad mesh"):
+            plan.parse_mesh(bad)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        plan.model_config("/nonexistent/dir", load_config("alfworld"))
+    with pytest.raises(ValueError, match="unknown chip"):
+        plan.plan_from_config(load_config("alfworld"), "0.5b", chip="tpu9")
+
+
+def test_cli_prints_table_and_json_last_line():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "roleagent_jax.plan",
+            "--config=configs/alfworld.py",
+            "--mesh=data:1,fsdp:4,tensor:2",
+            "--model=0.5b",
+            "--micro-batch-rows",
+            "8",
+            "--hbm-gb",
+            "16",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["params"] == 494_032_768
+    assert summary["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert summary["workload"]["micro_batch_rows"] == 8 and summary["hbm_gb"] == 16
+    assert "| parameters" in out and "per device GiB" in out
