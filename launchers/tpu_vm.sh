@@ -183,9 +183,10 @@ copy_code() {
 
 install() {
   local steps="set -e; cd $REMOTE_DIR; python3 -m venv \$HOME/venv; \$HOME/venv/bin/pip install -q -U pip"
-  steps+="; \$HOME/venv/bin/pip install -q -e . '$JAX_EXTRA' 'huggingface_hub[cli]'"
+  steps+="; \$HOME/venv/bin/pip install -q -e . '$JAX_EXTRA'"
   (( ALFWORLD )) && steps+="; [ -d \$HOME/alfworld/json_2.1.1 ] || ALFWORLD_DATA=\$HOME/alfworld \$HOME/venv/bin/alfworld-download"
-  [[ -n "$HF_MODEL" ]] && steps+="; [ -f \$HOME/models/${HF_MODEL##*/}/config.json ] || \$HOME/venv/bin/huggingface-cli download $HF_MODEL --local-dir \$HOME/models/${HF_MODEL##*/}"
+  # huggingface_hub >= 1.0 (installed with transformers) names its CLI `hf`; older ones `huggingface-cli`.
+  [[ -n "$HF_MODEL" ]] && steps+="; [ -f \$HOME/models/${HF_MODEL##*/}/config.json ] || { PATH=\$HOME/venv/bin:\$PATH; if command -v hf >/dev/null; then hf download $HF_MODEL --local-dir \$HOME/models/${HF_MODEL##*/}; else huggingface-cli download $HF_MODEL --local-dir \$HOME/models/${HF_MODEL##*/}; fi; }"
   if [[ -n "$BUCKET" ]]; then
     local bucket="${BUCKET#gs://}"
     steps+="; if ! command -v gcsfuse >/dev/null; then"
