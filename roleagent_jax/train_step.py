@@ -124,6 +124,9 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW (decoupled decay on every weight, as torch's AdamW in the reference).
 
+    Keep ``param_dtype`` float32 for RL (float32 master weights, bfloat16 compute through the model's
+    ``dtype``): an update of lr 1e-6 is below half an ulp of most bfloat16 weights and would be lost.
+
     ``schedule``: ``constant`` (after an optional linear warm-up from 0) or ``cosine`` (warm-up, then cosine
     decay to ``end_lr_ratio * lr`` at ``total_steps`` optimizer steps). The learning rate is an injected
     hyper-parameter so the train step can report it.
@@ -146,8 +149,10 @@ def make_optimizer(
         )
     else:
         sched = optax.constant_schedule(lr)
-    adamw = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay
+    # Hyper-parameters in float32 whatever the param dtype: b2 = 0.999 rounds to 1.0 in bfloat16, which
+    # zeroes Adam's bias correction and turns the first update into NaN.
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mu_dtype",), hyperparam_dtype=jnp.float32)(
+        learning_rate=sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mu_dtype=jnp.float32
     )
     clip = optax.clip_by_global_norm(grad_clip) if grad_clip and grad_clip > 0 else optax.identity()
     return optax.chain(clip, adamw)

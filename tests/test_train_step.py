@@ -230,3 +230,14 @@ def test_optimizer_and_batch_validation(setup):
     batch = {k: v for k, v in batch.items() if k != "ref_logprobs"}
     with pytest.raises(ValueError, match="ref_logprobs"):
         step(TrainState.create(params, opt, jax.random.key(0)), batch)
+
+
+def test_optimizer_keeps_bfloat16_params_finite():
+    # Regression: hyper-parameters cast to the params' dtype made b2 = 0.999 -> 1.0 and the update NaN.
+    params = {"w": jnp.full((4,), 0.5, jnp.bfloat16)}
+    opt = make_optimizer(1e-2)
+    state = opt.init(params)
+    updates, _ = opt.update({"w": jnp.full((4,), 0.1, jnp.bfloat16)}, state, params)
+    new = optax.apply_updates(params, updates)
+    assert np.all(np.isfinite(np.asarray(new["w"], np.float32)))
+    assert np.all(np.asarray(new["w"], np.float32) < 0.5)
