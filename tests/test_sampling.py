@@ -307,3 +307,12 @@ def test_bad_requests_raise_clear_errors(setup, plain):
         plain.generate(params, [SampleRequest([1, 10_000], 4)], sp, key)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+def test_fast_argmax_matches_numpy_including_ties():
+    from roleagent_jax.sampling.choose import argmax_last
+
+    x = np.random.default_rng(1).integers(0, 5, size=(64, 300)).astype(np.float32)  # many ties
+    x[3] = -np.inf
+    x[4, 7] = np.inf
+    np.testing.assert_array_equal(np.asarray(argmax_last(jnp.asarray(x))), np.argmax(x, axis=-1))

@@ -201,18 +201,22 @@ class Sampler:
 
         Only the last slot's logits are needed. The prompt goes in as two calls, all but the last
         token and then the last one, so the unused logits of the first call are dead code that XLA
-        drops: the vocabulary projection runs for one position per row instead of P.
+        drops: the vocabulary projection runs for one position per row instead of P. The prompt is
+        run against a P-slot cache (attention over the prompt only) that is then widened to
+        `cache_len` slots for decoding.
         """
         self.num_compilations += 1
         batch, plen = ids.shape
         model = nnx.merge(self.graphdef, params)
-        cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
+        cache = self._constrain_cache(init_cache(self.config, batch, plen))
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
+        kv_mask = mask.astype(bool)
         head = plen - 1
         if head:
             _, cache = model.decode(ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask)
         logits, cache = model.decode(ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask)
+        widen = ((0, 0), (0, 0), (0, cache_len - plen), (0, 0), (0, 0))
+        cache = jax.tree.map(lambda c: jnp.pad(c, widen), cache)
         return self._constrain(logits[:, -1]), self._constrain_cache(cache)
 
     def _decode_fn(
