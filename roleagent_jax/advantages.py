@@ -27,17 +27,50 @@ import numpy as np
 Mode = Literal["mean_std_norm", "mean_norm"]
 EPS = 1e-6
 _MIN_BUCKET = 64
+_U64 = (1 << 64) - 1
 
 
 def hash_anchor(text: str) -> int:
-    """Stable signed 64-bit hash of an anchor observation (blake2b; identical across processes and runs).
+    """Stable unsigned 64-bit hash of an anchor observation (blake2b; identical across processes and runs).
 
     Python's ``hash`` is salted per process, so it cannot key anchors that cross workers or resumes.
+    Unsigned so a list of hashes converts with ``np.array(hashes, np.uint64)``.
     """
     if not isinstance(text, str):
         raise ValueError(f"hash_anchor expects the raw observation text (str), got {type(text).__name__}")
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    return int.from_bytes(digest, "little", signed=False)
+
+
+def similar_anchor_hashes(
+    texts: Sequence[str], group_ids: Sequence[int] | np.ndarray, threshold: float = 0.95
+) -> np.ndarray:
+    """Anchor hashes that merge near-identical observations (the reference's optional similarity clustering).
+
+    Within each task group, distinct texts are visited in order of first appearance; a text joins the most
+    similar existing representative whose normalised Indel similarity (as WIA's LMS) is >= ``threshold``,
+    otherwise it becomes a representative itself. Each row gets ``hash_anchor`` of its representative, so
+    the result feeds ``gigpo_advantages`` unchanged. ``threshold=1.0`` is exact matching. Returns uint64 [N].
+    """
+    from rapidfuzz import process
+    from rapidfuzz.distance import Indel
+
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
+    groups = _ids("group_ids", group_ids, len(texts))
+    rep_of: dict[tuple[int, str], str] = {}
+    reps: dict[int, list[str]] = {}
+    for g, text in zip(groups.tolist(), texts):
+        if (g, text) in rep_of:
+            continue
+        pool = reps.setdefault(g, [])
+        match = process.extractOne(text, pool, scorer=Indel.normalized_similarity, score_cutoff=threshold)
+        if match is None:
+            pool.append(text)
+            rep_of[(g, text)] = text
+        else:
+            rep_of[(g, text)] = match[0]
+    return np.array([hash_anchor(rep_of[(g, t)]) for g, t in zip(groups.tolist(), texts)], np.uint64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -140,7 +173,13 @@ def _ids(name: str, x, n: int) -> np.ndarray:
 
 def _anchor_keys(anchor_hash, n: int) -> np.ndarray:
     """Anchor hashes as int64 columns: [N] of any integer width, or [N, 2] (high, low) 32-bit halves."""
-    arr = np.asarray(anchor_hash)
+    arr = anchor_hash if isinstance(anchor_hash, np.ndarray | jax.Array) else np.asarray(anchor_hash, object)
+    if arr.dtype == object and arr.ndim == 1 and all(isinstance(v, int | np.integer) for v in arr.tolist()):
+        # Python ints (signed or unsigned 64-bit): exact, where np.asarray would mix them into float64.
+        arr = np.array([int(v) & _U64 for v in arr.tolist()], np.uint64)
+    arr = np.asarray(arr)
+    if arr.dtype == object:
+        arr = np.asarray(arr.tolist())
     if arr.size == 0:
         arr = arr.astype(np.int64)
     if arr.ndim == 1:

@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from roleagent_jax.advantages import discounted_returns, gigpo_advantages, hash_anchor
+from roleagent_jax.advantages import discounted_returns, gigpo_advantages, hash_anchor, similar_anchor_hashes
 
 # --------------------------------------------------------------------------------------------------
 # plain-Python reference (reference section 3, written without the module's vectorised formulation)
@@ -296,7 +296,18 @@ def test_discounted_returns_matches_reference():
 
 def test_hash_anchor_is_stable_64_bit():
     h = hash_anchor("You are in the middle of a room.")
-    assert isinstance(h, int) and -(2**63) <= h < 2**63
+    assert isinstance(h, int) and 0 <= h < 2**64
+    hashes = [hash_anchor(f"obs {i}") for i in range(64)]
+    assert np.array(hashes, np.uint64).shape == (64,)
+    # A plain list of large Python ints must not be rounded through float64: distinct hashes stay distinct.
+    close = [2**63 + 1, 2**63 + 2, 5]
+    got = gigpo_advantages(
+        [0.0, 10.0, 0.0], [0, 1, 2], [0, 0, 0], [0, 0, 0], close, [True] * 3, mode="mean_norm"
+    )
+    want = gigpo_advantages(
+        [0.0, 10.0, 0.0], [0, 1, 2], [0, 0, 0], [0, 0, 0], [1, 2, 3], [True] * 3, mode="mean_norm"
+    )
+    np.testing.assert_allclose(got, want)
     assert h == hash_anchor("You are in the middle of a room.")
     assert h != hash_anchor("You are in the middle of a room")
     assert math.isclose(len({hash_anchor(str(i)) for i in range(1000)}), 1000)
@@ -333,3 +344,23 @@ def test_bad_input_raises_clear_error(change, message):
     args.update(change)
     with pytest.raises(ValueError, match=message):
         gigpo_advantages(**args, **kw)
+
+
+def test_similar_anchor_hashes():
+    a = "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a knife 2."
+    a2 = "You arrive at countertop 1. On the countertop 1, you see an apple 1, and a knife 2."
+    b = "You arrive at fridge 1. The fridge 1 is closed."
+    texts = [a, a2, b, a, b, a2]
+    groups = [0, 0, 0, 0, 1, 1]
+    exact = similar_anchor_hashes(texts, groups, threshold=1.0)
+    np.testing.assert_array_equal(exact, np.array([hash_anchor(t) for t in texts], np.uint64))
+    fuzzy = similar_anchor_hashes(texts, groups, threshold=0.95)
+    assert fuzzy[0] == fuzzy[1] == fuzzy[3] == hash_anchor(a)  # near-duplicate joins the first seen
+    assert fuzzy[2] != fuzzy[0]
+    assert fuzzy[5] == hash_anchor(a2)  # group 1 starts its own representatives
+    got = gigpo_advantages(
+        [0.0, 0.0, 0.0, 10.0, 0.0, 10.0], [0, 1, 2, 3, 4, 5], groups, [0] * 6, fuzzy, [True] * 6
+    )
+    assert got.shape == (6,)
+    with pytest.raises(ValueError, match="threshold"):
+        similar_anchor_hashes(texts, groups, threshold=0.0)
