@@ -25,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--devices", type=int, default=2, help="CPU devices of this process")
     p.add_argument("--mesh", default="1,2,2", help="data,fsdp,tensor over all processes' devices")
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--step-fn", choices=("sgd", "train_step"), default="sgd")
+    p.add_argument("--step-fn", choices=("sgd", "train_step", "trainer"), default="sgd")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -44,6 +44,9 @@ def main(argv: list[str]) -> None:
 
     if args.num_processes > 1:
         distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id)
+    if args.step_fn == "trainer":
+        _trainer_iteration(args)
+        return
     from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
     from roleagent_jax.sharding import make_mesh, param_shardings
 
@@ -154,6 +157,46 @@ def _real_train_step(graphdef, params, mesh):
         return state, metrics.get("loss", next(iter(metrics.values())))
 
     return state, step
+
+
+def _trainer_iteration(args) -> None:
+    """One `Trainer.iteration` of a tiny demo-config run (procedural games, BPE tokenizer, tiny Qwen2)."""
+    import importlib.util
+
+    import jax
+    import numpy as np
+
+    from roleagent_jax import distributed
+    from roleagent_jax.trainer import Trainer
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("demo_config", repo / "configs" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.workdir = str(Path(args.out).with_suffix("")) + "_run"
+    c.iterations, c.warmstart.steps, c.env.eval_splits = 1, 0, ()
+    c.env.gen.n_train, c.warmstart.n_games, c.env.num_workers, c.env.max_steps = 8, 8, 1, 3
+    c.rollout.tasks_per_iter, c.rollout.group_size, c.rollout.max_prompt_tokens = 2, 2, 256
+    c.train.mini_batch_rows, c.train.micro_batch_rows = 8, 4
+    c.model.init.hidden_size, c.model.init.intermediate_size = 32, 64
+    c.tokenizer.train_vocab_size = 300
+    c.log.progress, c.log.tensorboard, c.checkpoint.every = False, False, 0
+    data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
+    trainer = Trainer(c)
+    try:
+        metrics = trainer.iteration(0)
+        params = distributed.fetch(trainer.state.params)
+    finally:
+        trainer.close()
+    flat = {
+        "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+        for path, v in jax.tree_util.tree_leaves_with_path(params)
+    }
+    flat["__rows__"] = np.asarray(metrics["train/rows"])
+    np.savez(args.out, **flat)
+    distributed.sync("done")
 
 
 if __name__ == "__main__":
