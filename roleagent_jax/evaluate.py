@@ -230,10 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
         k: v for k, v in (("num_receptacles", args.num_receptacles), ("num_objects", args.num_objects)) if v
     }
     try:
+        policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature)
         pool = TaskPool.for_split(
             args.split, args.data, gen_dir=args.gen_dir, gen_n=args.gen_n, gen_seed=args.gen_seed, **size
         )
-        policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -160,3 +160,19 @@ def test_data_2_1_3_verbs(valid_seen, tmp_path):
     while not done:
         obs, reward, done, info = env.step(info["expert_plan"][0])
     assert info["won"] and reward == WIN_REWARD
+
+
+def test_planner_problem_pruning(valid_seen):
+    """The expert plans on a pruned problem: only goal-typed objects and the receptacles that matter."""
+    import re
+
+    from roleagent_jax.envs.alfworld import prune_problem
+
+    i = first_of_each_type(valid_seen)[2]  # a clean task
+    problem = json.loads(Path(valid_seen.game_files[i]).read_text())["pddl_problem"]
+    pruned = prune_problem(problem)
+    goal_types = set(re.findall(r"\(objectType \?\S+ (\S+?)\)", problem[problem.rfind("(:goal") :]))
+    kept_types = set(re.findall(r"\(objectType \S+ (\S+?)\)", pruned))
+    assert kept_types == goal_types and len(pruned) < len(problem)
+    assert "SinkBasinType)" in pruned and pruned.endswith(problem[problem.rfind("(:goal") :])
+    assert prune_problem(pruned) is None  # nothing left to remove

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,6 +259,37 @@ class CachedPddlEnv(PddlEnv):
 
 
 _PLAN_CACHE = _LRU(1024)
+_PLANNER_LIB: list = []  # one Fast Downward library per process for initial plans on pruned problems
+_TOKEN = re.compile(r"[^\s()]+")
+_APPLIANCE_TYPES = {"SinkBasinType", "BathtubBasinType", "MicrowaveType", "FridgeType"}
+
+
+def prune_problem(problem: str) -> str | None:
+    """The problem without what the goal cannot need (None: nothing to prune): objects of types the goal
+    never names, and receptacles that hold none of the remaining objects, are not of a type the goal
+    names and are not appliances (sink, microwave, fridge).
+
+    Without capacity constraints in the domain, these can neither help nor block a plan, yet they blow
+    up the planner's search on big kitchens (minutes instead of a second). Any plan for the pruned
+    problem is a valid plan for the full one, with the same entity names.
+    """
+    at = problem.rfind("(:goal")
+    if at < 0:
+        return None
+    goal_types = set(re.findall(r"\(objectType \?\S+ (\S+?)\)", problem[at:]))
+    if not goal_types:
+        return None
+    typed = dict(re.findall(r"\(objectType (\S+) (\S+?)\)", problem[:at]))
+    drop = {o for o, t in typed.items() if t not in goal_types}
+    # Receptacles matter if the goal names their type, an action needs them, or they hold a kept object.
+    keep_rtypes = set(re.findall(r"\(receptacleType \?\S+ (\S+?)\)", problem[at:])) | _APPLIANCE_TYPES
+    holders = {r for o, r in re.findall(r"\(inReceptacle (\S+) (\S+?)\)", problem[:at]) if o not in drop}
+    rtyped = dict(re.findall(r"\(receptacleType (\S+) (\S+?)\)", problem[:at]))
+    drop |= {r for r, t in rtyped.items() if t not in keep_rtypes and r not in holders}
+    if not drop:
+        return None
+    kept = [line for line in problem[:at].splitlines() if not drop.intersection(_TOKEN.findall(line))]
+    return "\n".join(kept) + "\n" + problem[at:]
 
 
 class PlannerExpert:
@@ -277,8 +309,19 @@ class PlannerExpert:
         base = env.unwrapped
         return list(base._pddl_state.replan(base._entity_infos))
 
+    @classmethod
+    def _initial_plan(cls, env) -> list[str]:
+        base = env.unwrapped
+        pruned = prune_problem(base._game_data["pddl_problem"])
+        if pruned is None:
+            return cls._replan(env)
+        if not _PLANNER_LIB:
+            _PLANNER_LIB.append(fast_downward.load_lib())
+        state = pddl_logic.PddlState(_PLANNER_LIB[0], pruned, base._logic)
+        return list(state.replan(base._entity_infos)) or cls._replan(env)
+
     def start(self, env, game_key) -> list[str]:
-        self.plan = list(_PLAN_CACHE.get_or_make(game_key, lambda: self._replan(env)))
+        self.plan = list(_PLAN_CACHE.get_or_make(game_key, lambda: self._initial_plan(env)))
         return self.plan
 
     def advance(self, env, action: str, won: bool) -> list[str]:

@@ -1,0 +1,57 @@
+"""The evaluation command: fixed panel, result independent of workers and batching, JSON last line."""
+
+import json
+
+import pytest
+
+from roleagent_jax import evaluate as ev
+from roleagent_jax.envs import EnvPool, TaskPool
+
+
+@pytest.fixture(scope="module")
+def gen_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("eval_games")
+
+
+def test_panel_does_not_depend_on_workers_or_batching(gen_root):
+    pool = TaskPool.for_split("gen_seen", gen_dir=gen_root, gen_n=6, gen_seed=1)
+    policy = ev.RandomPolicy(seed=3)
+    with EnvPool(pool, num_workers=1, step_timeout=60) as envs:
+        a = ev.run_episodes(policy, envs, list(range(6)), max_steps=6)
+    with EnvPool(pool, num_workers=2, step_timeout=60) as envs:
+        b = ev.run_episodes(policy, envs, [0, 1, 2, 3], max_steps=6) + ev.run_episodes(
+            policy, envs, [4, 5], 6
+        )
+    assert a == b
+    assert [r.task_id for r in a] == list(range(6))
+
+
+def test_cli_prints_json_last(gen_root, capsys):
+    summary = ev.main(
+        ["--policy=expert", "--split=gen_unseen", f"--gen-dir={gen_root}", "--gen-n=6", "--num-workers=1"]
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == summary
+    assert summary["split"] == "gen_unseen" and summary["n"] == 6 and summary["success"] == 1.0
+    assert len(summary["per_type"]) == 6 and summary["invalid_rate"] == 0.0
+
+
+def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.raises(SystemExit):
+        ev.main(["--split=valid_seen", f"--data={tmp_path}"])
+    assert "alfworld-download" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev.main(["--split=gen_seen", f"--gen-dir={tmp_path}", "--checkpoint=/nonexistent"])
+
+
+def test_summary_per_type():
+    rs = [
+        ev.EpisodeResult(0, "pick_two_obj_and_place", True, 5, 0, False),
+        ev.EpisodeResult(1, "pick_two_obj_and_place", False, 50, 2, False),
+        ev.EpisodeResult(2, "look_at_obj_in_light", True, 4, 0, False),
+    ]
+    s = ev.summarize("x", rs)
+    assert s["n"] == 3 and s["success"] == pytest.approx(2 / 3)
+    assert list(s["per_type"]) == ["look_at_obj_in_light", "pick_two_obj_and_place"]
+    assert s["per_type"]["pick_two_obj_and_place"] == 0.5 and s["invalid_rate"] == pytest.approx(2 / 59)
