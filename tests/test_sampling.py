@@ -135,7 +135,7 @@ def test_logprobs_equal_teacher_forced_forward_and_top_k_holds(setup, plain):
 
 def test_compiles_once_per_bucket_and_not_for_new_weights(setup):
     tok, cfg = setup["tok"], setup["cfg"]
-    sampler = Sampler(setup["graphdef"], cfg, tok, eos_ids=(), batch_buckets=(4, 8), prompt_buckets=(16, 32))
+    sampler = Sampler(setup["graphdef"], cfg, tok, eos_ids=(), batch_buckets=(4,), prompt_buckets=(16, 32))
     ids = tok.encode(TEXTS[0])
     params = setup["params"]
     sampler.generate(params, [SampleRequest(ids[:3], 5)], SamplingParams(greedy=True), jax.random.key(0))
@@ -149,6 +149,12 @@ def test_compiles_once_per_bucket_and_not_for_new_weights(setup):
     assert sampler.num_compilations == once
     sampler.generate(params, [SampleRequest(ids[:20], 5)], SamplingParams(greedy=True), jax.random.key(0))
     assert sampler.num_compilations > once  # prompt bucket 32 is a new program
+    before = sampler.num_compilations
+    many = [SampleRequest(ids[k : k + 5], 6) for k in range(6)]  # more rows than the largest bucket
+    chunked = sampler.generate(params, many, SamplingParams(greedy=True), jax.random.key(0))
+    alone = [sampler.generate(params, [r], SamplingParams(greedy=True), jax.random.key(0))[0] for r in many]
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in alone]
+    assert sampler.num_compilations == before  # chunks of 4 and 2 rows both use the 4-row bucket
 
 
 def _stop_inside(tok, ids: list[int], j: int) -> str:
@@ -234,6 +240,14 @@ def test_sharded_mesh_gives_the_same_greedy_tokens(setup, greedy_run):
     np.testing.assert_allclose(
         np.concatenate([o.logprobs for o in out]), np.concatenate([r.logprobs for r in greedy_run]), atol=1e-5
     )
+    full = greedy_run[2].token_ids  # stops are matched per row on the sharded batch too
+    reqs[2] = SampleRequest(setup["prompts"][2], 16, stop=(_stop_inside(setup["tok"], full, 7),))
+    reqs[1] = SampleRequest(setup["prompts"][1], 5, stop=("\x00never",))
+    out = sampler.generate(params, reqs, SamplingParams(greedy=True), jax.random.key(0))
+    n, text = _expected_cut(setup["tok"], full, reqs[2].stop)
+    assert (out[2].finish_reason, out[2].token_ids, out[2].text) == ("stop", full[:n], text)
+    assert (out[1].finish_reason, out[1].token_ids) == ("length", greedy_run[1].token_ids[:5])
+    assert out[0].token_ids == greedy_run[0].token_ids
 
 
 def test_sampling_is_seeded_and_truncations_reduce_to_greedy(setup, plain, greedy_run):
