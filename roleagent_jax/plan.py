@@ -345,6 +345,7 @@ class Plan:
     peak: int
     fits: bool
     advice: list[str] = dataclasses.field(default_factory=list)
+    xla_train: dict[str, int] | None = None  # compiled train step, per device (with --xla)
 
     def to_json(self) -> dict:
         return {
@@ -516,6 +517,78 @@ def advise(
     return out
 
 
+# ---------------------------------------------------------------------------------------------- XLA
+
+
+def loss_settings(config: Any) -> dict:
+    """The trainer's loss knobs (as it passes them to make_train_step)."""
+    c = config.loss
+    return dict(
+        clip_eps=c.clip_eps,
+        dual_clip=c.dual_clip,
+        kl_type=c.kl_type,
+        kl_coef=c.kl_coef,
+        entropy_coef=c.entropy_coef,
+        agg=c.agg,
+    )
+
+
+def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, loss: dict) -> dict[str, int]:
+    """Per-device bytes XLA reports for the project's compiled train step on this machine's devices.
+
+    The step (``train_step.make_train_step``) is lowered for abstract state and one mini-batch and
+    compiled, nothing is allocated. Run on the target accelerator (a TPU VM, a GPU host) this replaces
+    the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
+    """
+    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.train_step import TrainState, make_train_step
+
+    n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    if jax.device_count() != n:
+        raise ValueError(
+            f"--xla compiles for this machine's {jax.device_count()} devices but the mesh has {n}: "
+            "run it on the target slice, or fake CPU devices with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n}"
+        )
+    mesh = make_mesh(sizes["data"], sizes["fsdp"], sizes["tensor"])
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
+    params = abstract_params(cfg)
+    state = TrainState(
+        params=params,
+        opt_state=abstract_opt_state(params, work.optimizer),
+        step=jax.ShapeDtypeStruct((), np.int32),
+        rng=jax.ShapeDtypeStruct((2,), np.uint32),
+    )
+    rows, seq = work.mini_batch_rows, work.seq_len
+    grid = {
+        k: jax.ShapeDtypeStruct((rows, seq), np.int32) for k in ("input_ids", "attention_mask", "positions")
+    }
+    grid.update(
+        {
+            k: jax.ShapeDtypeStruct((rows, seq), np.float32)
+            for k in ("loss_mask", "old_logprobs", "ref_logprobs")
+        }
+    )
+    grid["advantages"] = jax.ShapeDtypeStruct((rows,), np.float32)
+    step = make_train_step(
+        graphdef,
+        make_optimizer(work.optimizer),
+        loss,
+        mesh=mesh,
+        micro_batches=rows // work.micro_batch_rows,
+        remat=work.remat,
+    )
+    inputs = {k: grid[k] for k in step.batch_keys()}
+    fn, _ = step._build(state, inputs)
+    stats = fn.lower(state, inputs).compile().memory_analysis()
+    out = {
+        name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0)
+        for name in ("argument", "output", "alias", "temp", "generated_code")
+    }
+    out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- output
 
 
@@ -537,6 +610,12 @@ def format_table(plan: Plan) -> str:
     lines.append("")
     for phase, value in plan.phases.items():
         lines.append(f"{phase:>10s} peak per device: {value / GIB:8.2f} GiB")
+    if plan.xla_train:
+        x = plan.xla_train
+        lines.append(
+            f"XLA train step per device: arguments {x['argument'] / GIB:.2f}, temporaries "
+            f"{x['temp'] / GIB:.2f}, total {x['total'] / GIB:.2f} GiB (compiled here)"
+        )
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines.append(
         f"{'peak':>10s}: {plan.peak / GIB:.2f} GiB of {plan.hbm_gb * USABLE_FRACTION:.1f} usable -> {verdict}"
@@ -555,6 +634,7 @@ def plan_from_config(
     micro_batch_rows: int | None = None,
     remat: bool | None = None,
     param_dtype: str | None = None,
+    xla: bool = False,
 ) -> Plan:
     """The whole planner as a function (the CLI's body)."""
     from roleagent_jax.config import apply_algo
@@ -575,6 +655,8 @@ def plan_from_config(
         )
     plan = make_plan(cfg, label, sizes, work, hbm_gb)
     plan.advice = [] if plan.fits else advise(cfg, label, sizes, work, hbm_gb, plan)
+    if xla:
+        plan.xla_train = xla_train_memory(cfg, sizes, work, loss_settings(config))
     return plan
 
 
@@ -598,6 +680,12 @@ def main(argv: list[str]) -> int:
     micro = flags.DEFINE_integer("micro_batch_rows", None, "Rows per micro-batch (default: the config's).")
     remat = flags.DEFINE_bool("remat", None, "Override config.model.remat.")
     pdt = flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16"], "Override the stored weight dtype.")
+    xla = flags.DEFINE_bool(
+        "xla",
+        False,
+        "Also compile the real train step on this machine's devices and "
+        "print XLA's per-device memory (needs as many devices as the mesh).",
+    )
     flags.FLAGS(_normalise(sys.argv))
     try:
         plan = plan_from_config(
@@ -609,6 +697,7 @@ def main(argv: list[str]) -> int:
             micro.value,
             remat.value,
             pdt.value,
+            xla.value,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

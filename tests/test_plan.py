@@ -199,3 +199,27 @@ def test_cli_prints_table_and_json_last_line():
     assert summary["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2}
     assert summary["workload"]["micro_batch_rows"] == 8 and summary["hbm_gb"] == 16
     assert "| parameters" in out and "per device GiB" in out
+
+
+def test_xla_arguments_equal_planned_state_plus_batch():
+    """The compiled train step's per-device inputs are the planned params + optimizer state shards plus
+    the batch rows of one device (scalars: step, key): XLA agrees with device_bytes."""
+    import dataclasses
+
+    config = load_config("demo")  # KL off: the batch has no reference log-probs
+    cfg, sizes = tiny(), {"data": 1, "fsdp": 4, "tensor": 2}
+    work = dataclasses.replace(
+        plan.Workload.from_config(config), mini_batch_rows=16, micro_batch_rows=8, seq_len=64
+    )
+    xla = plan.xla_train_memory(cfg, sizes, work, plan.loss_settings(config))
+    amesh = plan.abstract_mesh(sizes)
+    params = plan.abstract_params(cfg)
+    state = plan.device_bytes(params, amesh) + plan.device_bytes(
+        plan.abstract_opt_state(params, work.optimizer), amesh, params=params
+    )
+    rows = 16 // 4
+    batch = rows * 64 * 4 * 5 + rows * 4  # ids, mask, positions, loss mask, old log-probs; advantages
+    assert abs(xla["argument"] - (state + batch)) <= 16  # step and RNG key
+    assert xla["temp"] > 0 and xla["total"] >= xla["argument"]
+    with pytest.raises(ValueError, match="devices"):
+        plan.xla_train_memory(cfg, {"data": 1, "fsdp": 2, "tensor": 1}, work, plan.loss_settings(config))
