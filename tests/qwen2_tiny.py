@@ -62,3 +62,26 @@ def torch_logits(model, ids, mask, positions) -> np.ndarray:
 def max_diff_on_real(a, b, mask) -> float:
     real = np.asarray(mask).astype(bool)
     return float(np.abs(np.asarray(a) - np.asarray(b))[real].max())
+
+
+def forward(model, ids, mask, positions=None):
+    """Jitted full forward (eager op-by-op dispatch is far slower than compiling these tiny models)."""
+    from flax import nnx
+
+    graphdef, params = nnx.split(model)
+    return _jit_forward(graphdef, params, ids, mask, positions)
+
+
+def _forward_impl(graphdef, params, ids, mask, positions):
+    from flax import nnx
+
+    return nnx.merge(graphdef, params)(ids, mask, positions)
+
+
+def _make_jit():
+    import jax
+
+    return jax.jit(_forward_impl, static_argnums=0)
+
+
+_jit_forward = _make_jit()

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import left_padded_batch, max_diff_on_real, torch_logits, torch_qwen2
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, torch_logits, torch_qwen2
 
 from roleagent_jax.models import Qwen2Config, load_pretrained, save_pretrained
 
@@ -17,12 +17,12 @@ from roleagent_jax.models import Qwen2Config, load_pretrained, save_pretrained
 def test_load_matches_transformers_on_left_padded_batch(tmp_path, tie, kv_heads):
     torch_model = torch_qwen2(tie=tie, kv_heads=kv_heads)
     torch_model.save_pretrained(tmp_path)
-    model, cfg = load_pretrained(tmp_path)
+    model, cfg = load_pretrained(tmp_path, attention_chunk=4)
     assert cfg.tie_word_embeddings == tie and cfg.num_key_value_heads == kv_heads
     assert (model.lm_head is None) == tie
     ids, mask, pos = left_padded_batch()
     ref = torch_logits(torch_model, ids, mask, pos)
-    assert max_diff_on_real(model(ids, mask), ref, mask) <= 1e-4
+    assert max_diff_on_real(forward(model, ids, mask), ref, mask) <= 1e-4
 
 
 def test_sharded_checkpoint_with_index(tmp_path):
@@ -34,7 +34,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
     ref = torch_logits(torch_model, ids, mask, pos)
     for scan in (False, True):
         model, _ = load_pretrained(tmp_path, scan_layers=scan)
-        assert max_diff_on_real(model(ids, mask), ref, mask) <= 1e-4
+        assert max_diff_on_real(forward(model, ids, mask), ref, mask) <= 1e-4
 
 
 @pytest.mark.parametrize("tie,scan", [(False, False), (True, True)])
@@ -48,7 +48,7 @@ def test_save_pretrained_reloads_in_transformers(tmp_path, tie, scan):
     assert saved["architectures"] == ["Qwen2ForCausalLM"] and saved["model_type"] == "qwen2"
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().float()
     ids, mask, pos = left_padded_batch(seed=4)
-    assert max_diff_on_real(model(ids, mask), torch_logits(reloaded, ids, mask, pos), mask) <= 1e-4
+    assert max_diff_on_real(forward(model, ids, mask), torch_logits(reloaded, ids, mask, pos), mask) <= 1e-4
     again, _ = load_pretrained(tmp_path / "out", scan_layers=scan)
     for (key, a), (_, b) in zip(nnx.to_flat_state(nnx.state(again)), nnx.to_flat_state(nnx.state(model))):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(key))

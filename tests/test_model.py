@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import left_padded_batch, max_diff_on_real
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real
 
 from roleagent_jax.models import KVCache, Qwen2Config, Qwen2ForCausalLM, init_cache
 
@@ -21,6 +21,7 @@ def tiny_config(**kw) -> Qwen2Config:
         num_attention_heads=4,
         num_key_value_heads=2,
         rope_theta=10000.0,
+        attention_chunk=4,  # several (uneven) query chunks even at these short lengths
     )
     return Qwen2Config(**{**base, **kw})
 
@@ -42,22 +43,34 @@ def random_model(cfg: Qwen2Config, seed: int = 0) -> Qwen2ForCausalLM:
 def test_default_positions_are_cumsum_of_mask():
     model = random_model(tiny_config())
     ids, mask, pos = left_padded_batch()
-    implicit = model(ids, mask)
-    explicit = model(ids, mask, jnp.asarray(pos))
+    implicit = forward(model, ids, mask)
+    explicit = forward(model, ids, mask, jnp.asarray(pos))
     assert implicit.dtype == jnp.float32 and implicit.shape == (4, 9, 128)
     np.testing.assert_allclose(np.asarray(implicit), np.asarray(explicit), atol=1e-6)
     # A left-padded row gives the same logits as the same tokens unpadded.
-    alone = model(ids[1:2, 3:], mask[1:2, 3:])
+    alone = forward(model, ids[1:2, 3:], mask[1:2, 3:])
     np.testing.assert_allclose(np.asarray(implicit)[1, 3:], np.asarray(alone)[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_chunked_causal_attention_matches_one_chunk():
+    ids, mask, _ = left_padded_batch(seed=5)
+    ref = random_model(tiny_config(attention_chunk=0))
+    want = np.asarray(forward(ref, ids, mask))
+    for chunk in (1, 4, 64):
+        got = forward(
+            copy_params(ref, Qwen2ForCausalLM(tiny_config(attention_chunk=chunk), rngs=nnx.Rngs(1))),
+            ids,
+            mask,
+        )
+        assert max_diff_on_real(got, want, mask) < 1e-5, chunk
+
+
+@pytest.mark.parametrize("scan_layers,kv_heads", [(False, 2), (True, 4)])
 def test_decode_token_by_token_matches_forward(scan_layers, kv_heads):
     cfg = tiny_config(num_key_value_heads=kv_heads, scan_layers=scan_layers)
     model = random_model(cfg)
     ids, mask, pos = left_padded_batch()
-    full = np.asarray(model(ids, mask))
+    full = np.asarray(forward(model, ids, mask))
     b, t = ids.shape
     slots = t + 3  # unused trailing slots must not matter
     cache = init_cache(cfg, b, slots)
@@ -81,7 +94,7 @@ def test_prefill_then_single_steps_with_donated_cache():
     cfg = tiny_config()
     model = random_model(cfg, seed=3)
     ids, mask, pos = left_padded_batch(seed=1)
-    full = np.asarray(model(ids, mask))
+    full = np.asarray(forward(model, ids, mask))
     b, t = ids.shape
     graphdef, params = nnx.split(model)
     step = jax.jit(
@@ -131,12 +144,12 @@ def _loss_and_grads(model, ids, mask):
 def test_remat_and_scan_variants_match():
     ids, mask, _ = left_padded_batch(seed=2)
     base = random_model(tiny_config())
-    ref_logits = np.asarray(base(ids, mask))
+    ref_logits = np.asarray(forward(base, ids, mask))
     ref_loss, ref_grads = _loss_and_grads(base, ids, mask)
     ref_flat = {tuple(k): np.asarray(v[...]) for k, v in nnx.to_flat_state(ref_grads)}
-    for overrides in ({"remat": True}, {"scan_layers": True}, {"scan_layers": True, "remat": True}):
+    for overrides in ({"remat": True}, {"scan_layers": True, "remat": True}):
         variant = copy_params(base, Qwen2ForCausalLM(tiny_config(**overrides), rngs=nnx.Rngs(5)))
-        np.testing.assert_allclose(np.asarray(variant(ids, mask)), ref_logits, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(forward(variant, ids, mask)), ref_logits, atol=1e-5)
         loss, grads = _loss_and_grads(variant, ids, mask)
         np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
         for key, g in nnx.to_flat_state(grads):
@@ -154,12 +167,12 @@ def test_bfloat16_policy_keeps_float32_logits():
     bf16 = Qwen2ForCausalLM(tiny_config(param_dtype="bfloat16", dtype="bfloat16"), rngs=nnx.Rngs(0))
     copy_params(f32, bf16)
     assert all(v[...].dtype == jnp.bfloat16 for _, v in nnx.to_flat_state(nnx.state(bf16)))
-    out = bf16(ids, mask)
+    out = forward(bf16, ids, mask)
     assert out.dtype == jnp.float32
-    assert max_diff_on_real(out, f32(ids, mask), mask) < 0.1
+    assert max_diff_on_real(out, forward(f32, ids, mask), mask) < 0.1
     mixed = Qwen2ForCausalLM(tiny_config(param_dtype="float32", dtype="bfloat16"), rngs=nnx.Rngs(0))
     copy_params(f32, mixed)
-    assert mixed(ids, mask).dtype == jnp.float32
+    assert forward(mixed, ids, mask).dtype == jnp.float32
     assert init_cache(mixed.config, 2, 4).k.dtype == jnp.bfloat16
 
 

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from qwen2_tiny import left_padded_batch, max_diff_on_real, torch_qwen2
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, torch_qwen2
 
 from roleagent_jax import sharding
 from roleagent_jax.models import KVCache, Qwen2Config, Qwen2ForCausalLM, init_cache, load_pretrained
@@ -81,7 +81,7 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
     fwd = jax.jit(lambda p, i, m: nnx.merge(graphdef, p)(i, m))
     bs = sharding.batch_sharding(mesh, 2)
     out = fwd(params, jax.device_put(ids, bs), jax.device_put(mask, bs))
-    assert max_diff_on_real(out, single(ids, mask), mask) <= 1e-5
+    assert max_diff_on_real(out, forward(single, ids, mask), mask) <= 1e-5
 
     # The KV-cache step runs with the cache on its sharding and keeps it there.
     cfg = sharded.config
@@ -98,7 +98,7 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
     assert isinstance(cache, KVCache) and cache.k.sharding.spec == P(
         None, ("data", "fsdp"), None, "tensor", None
     )
-    assert max_diff_on_real(logits, single(ids, mask), mask) <= 1e-5
+    assert max_diff_on_real(logits, forward(single, ids, mask), mask) <= 1e-5
 
 
 @needs_8

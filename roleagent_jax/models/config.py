@@ -44,6 +44,7 @@ class Qwen2Config:
     dtype: str = "float32"
     remat: bool = False
     scan_layers: bool = False
+    attention_chunk: int = 64  # query rows per causal-attention chunk in the full forward (0 = one chunk)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
