@@ -140,6 +140,13 @@ def test_logprobs_on_grid_equal_unpadded_rows(setup):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_logprob_micro_batches_equal_one_pass(setup):
+    graphdef, params, logprob, batch = setup
+    split = make_logprob_fn(graphdef, micro_batches=4)(params, batch)
+    np.testing.assert_allclose(np.asarray(split), np.asarray(logprob(params, batch)), rtol=1e-5, atol=1e-6)
+    assert np.all(np.asarray(split)[np.asarray(batch["attention_mask"]) == 0] == 0.0)
+
+
 def test_micro_batches_equal_full_batch(setup):
     graphdef, params, _, batch = setup
     opt = optax.sgd(1.0)
