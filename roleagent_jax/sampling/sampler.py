@@ -153,14 +153,13 @@ class Sampler:
         self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
 
     # ---------------------------------------------------------------- placement helpers
-    def _constrain(self, x: jax.Array, spec: P | None = None) -> jax.Array:
+    def _constrain(self, x: jax.Array) -> jax.Array:
+        """Keep a row-major array split over the batch axes inside the jitted programs."""
         if self.mesh is None:
             return x
-        from roleagent_jax.sharding import BATCH_SPEC
+        from roleagent_jax.sharding import batch_sharding
 
-        return jax.lax.with_sharding_constraint(
-            x, NamedSharding(self.mesh, spec if spec is not None else BATCH_SPEC)
-        )
+        return jax.lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim))
 
     def _constrain_cache(self, cache):
         if self.mesh is None:
@@ -201,22 +200,20 @@ class Sampler:
 
         Only the last slot's logits are needed. The prompt goes in as two calls, all but the last
         token and then the last one, so the unused logits of the first call are dead code that XLA
-        drops: the vocabulary projection runs for one position per row instead of P. The prompt is
-        run against a P-slot cache (attention over the prompt only) that is then widened to
-        `cache_len` slots for decoding.
+        drops: the vocabulary projection runs for one position per row instead of P. The cache is
+        allocated once at its decoding size (no prompt-sized copy), since on accelerators it is the
+        largest buffer of a rollout.
         """
         self.num_compilations += 1
         batch, plen = ids.shape
         model = nnx.merge(self.graphdef, params)
-        cache = self._constrain_cache(init_cache(self.config, batch, plen))
+        cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        kv_mask = mask.astype(bool)
+        kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
         head = plen - 1
         if head:
             _, cache = model.decode(ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask)
         logits, cache = model.decode(ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask)
-        widen = ((0, 0), (0, 0), (0, cache_len - plen), (0, 0), (0, 0))
-        cache = jax.tree.map(lambda c: jnp.pad(c, widen), cache)
         return self._constrain(logits[:, -1]), self._constrain_cache(cache)
 
     def _decode_fn(
