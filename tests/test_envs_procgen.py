@@ -168,3 +168,17 @@ def test_two_hundred_games_all_won(tmp_path):
     unseen = TaskPool.generated(tmp_path, n=60, seed=0, pool="unseen")
     assert all(won for won, _, _ in play_expert(unseen))
     assert not combos_of(pool) & combos_of(unseen)
+
+
+def test_expert_replans_after_a_detour(seen12):
+    """Leaving the plan (a wrong first move) makes the expert replan from the current state; it still wins."""
+    env = AlfWorldEnv(max_steps=30, expert_plan=True)
+    for game in seen12.game_files[::2]:
+        obs, info = env.reset(game)
+        plan = info["expert_plan"]
+        detour = next(c for c in info["admissible_commands"] if c.startswith("go to ") and c != plan[0])
+        obs, _, done, info = env.step(detour)
+        assert info["expert_plan"] and info["expert_plan"] != plan[1:]
+        while not done:
+            obs, _, done, info = env.step(info["expert_plan"][0])
+        assert info["won"], game

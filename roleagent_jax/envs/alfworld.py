@@ -119,7 +119,7 @@ class _LRU(OrderedDict):
 
 
 _JSON_CACHE = _LRU(256)
-_LOGIC_CACHE = _LRU(32)
+_LOGIC_CACHE = _LRU(128)
 _SAS_CACHE = _LRU(128)
 
 
@@ -261,7 +261,7 @@ class CachedPddlEnv(PddlEnv):
 _PLAN_CACHE = _LRU(1024)
 _PLANNER_LIB: list = []  # one Fast Downward library per process for initial plans on pruned problems
 _TOKEN = re.compile(r"[^\s()]+")
-_APPLIANCE_TYPES = {"SinkBasinType", "BathtubBasinType", "MicrowaveType", "FridgeType"}
+_APPLIANCE_TYPES = {"sinkbasintype", "bathtubbasintype", "microwavetype", "fridgetype"}
 
 
 def prune_problem(problem: str) -> str | None:
@@ -276,19 +276,20 @@ def prune_problem(problem: str) -> str | None:
     at = problem.rfind("(:goal")
     if at < 0:
         return None
-    goal_types = set(re.findall(r"\(objectType \?\S+ (\S+?)\)", problem[at:]))
+    head, goal = problem[:at].lower(), problem[at:].lower()  # PDDL names are case-insensitive
+    goal_types = set(re.findall(r"\(objecttype \?\S+ (\S+?)\)", goal))
     if not goal_types:
         return None
-    typed = dict(re.findall(r"\(objectType (\S+) (\S+?)\)", problem[:at]))
+    typed = dict(re.findall(r"\(objecttype (\S+) (\S+?)\)", head))
     drop = {o for o, t in typed.items() if t not in goal_types}
     # Receptacles matter if the goal names their type, an action needs them, or they hold a kept object.
-    keep_rtypes = set(re.findall(r"\(receptacleType \?\S+ (\S+?)\)", problem[at:])) | _APPLIANCE_TYPES
-    holders = {r for o, r in re.findall(r"\(inReceptacle (\S+) (\S+?)\)", problem[:at]) if o not in drop}
-    rtyped = dict(re.findall(r"\(receptacleType (\S+) (\S+?)\)", problem[:at]))
+    keep_rtypes = set(re.findall(r"\(receptacletype \?\S+ (\S+?)\)", goal)) | _APPLIANCE_TYPES
+    holders = {r for o, r in re.findall(r"\(inreceptacle (\S+) (\S+?)\)", head) if o not in drop}
+    rtyped = dict(re.findall(r"\(receptacletype (\S+) (\S+?)\)", head))
     drop |= {r for r, t in rtyped.items() if t not in keep_rtypes and r not in holders}
     if not drop:
         return None
-    kept = [line for line in problem[:at].splitlines() if not drop.intersection(_TOKEN.findall(line))]
+    kept = [line for line in problem[:at].splitlines() if not drop.intersection(_TOKEN.findall(line.lower()))]
     return "\n".join(kept) + "\n" + problem[at:]
 
 
@@ -305,20 +306,32 @@ class PlannerExpert:
         self.plan: list[str] = []
 
     @staticmethod
-    def _replan(env) -> list[str]:
+    def _plan_for(env, problem: str) -> list[str]:
+        """Plan on the pruned problem with this process's planner library; names as the game shows them."""
         base = env.unwrapped
-        return list(base._pddl_state.replan(base._entity_infos))
-
-    @classmethod
-    def _initial_plan(cls, env) -> list[str]:
-        base = env.unwrapped
-        pruned = prune_problem(base._game_data["pddl_problem"])
-        if pruned is None:
-            return cls._replan(env)
+        pruned = prune_problem(problem) or problem
         if not _PLANNER_LIB:
             _PLANNER_LIB.append(fast_downward.load_lib())
         state = pddl_logic.PddlState(_PLANNER_LIB[0], pruned, base._logic)
-        return list(state.replan(base._entity_infos)) or cls._replan(env)
+        return list(state.replan(base._entity_infos))
+
+    @classmethod
+    def _initial_plan(cls, env) -> list[str]:
+        return cls._plan_for(env, env.unwrapped._game_data["pddl_problem"])
+
+    @classmethod
+    def _replan(cls, env) -> list[str]:
+        """Plan from the current state: the game's problem with its initial facts replaced by today's."""
+        base = env.unwrapped
+        problem = base._game_data["pddl_problem"]
+        init, goal = problem.find("(:init"), problem.rfind("(:goal")
+        facts = [
+            f"({f.name} {' '.join(v.name for v in f.arguments)})"
+            for f in base._pddl_state.facts
+            if not f.name.startswith("new-axiom")
+        ]
+        now = problem[:init] + "(:init\n" + "\n".join(facts) + "\n)\n\n" + problem[goal:]
+        return cls._plan_for(env, now)
 
     def start(self, env, game_key) -> list[str]:
         self.plan = list(_PLAN_CACHE.get_or_make(game_key, lambda: self._initial_plan(env)))
