@@ -121,6 +121,13 @@ class _LRU(OrderedDict):
 _JSON_CACHE = _LRU(256)
 _LOGIC_CACHE = _LRU(128)
 _SAS_CACHE = _LRU(128)
+_PLAN_CACHE = _LRU(1024)
+
+
+def clear_caches() -> None:
+    """Forget every cached game, grammar, translation and plan of this process (for cold timings)."""
+    for cache in (_JSON_CACHE, _LOGIC_CACHE, _SAS_CACHE, _PLAN_CACHE):
+        cache.clear()
 
 
 def _read_json(path: str) -> dict:
@@ -258,7 +265,6 @@ class CachedPddlEnv(PddlEnv):
         return self.state
 
 
-_PLAN_CACHE = _LRU(1024)
 _PLANNER_LIB: list = []  # one Fast Downward library per process for initial plans on pruned problems
 _TOKEN = re.compile(r"[^\s()]+")
 _APPLIANCE_TYPES = {"sinkbasintype", "bathtubbasintype", "microwavetype", "fridgetype"}
