@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -114,6 +115,16 @@ def broadcast_object(obj: Any) -> Any:
         buf[:] = payload
     buf = broadcast_from_main(buf)
     return pickle.loads(buf.tobytes())
+
+
+def on_main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a host-only ``fn`` (no JAX collectives inside) on process 0; every process gets its result.
+
+    For the AIW sampler's draw and its logits update. Work that runs device computations on the global
+    mesh (LLM failure analysis through the sampler) must instead run on every process.
+    """
+    result = fn(*args, **kwargs) if is_main_process() else None
+    return broadcast_object(result)
 
 
 def allgather_objects(obj: Any) -> list[Any]:

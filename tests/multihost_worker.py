@@ -71,6 +71,9 @@ def main(argv: list[str]) -> None:
     rows, length, pool = 8, 12, 32
     own_draw = np.random.default_rng(1000 + jax.process_index()).integers(0, pool, rows)
     task_ids = distributed.broadcast_from_main(own_draw)
+    drawn_on_main = distributed.on_main(lambda: own_draw.tolist())
+    if drawn_on_main != task_ids.tolist():
+        raise AssertionError(f"on_main gave {drawn_on_main}, broadcast gave {task_ids.tolist()}")
     tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, (pool, length)).astype(np.int32)
     # Each process scores only its share of the rows ("its environments"), then everyone gets all.
     share = distributed.process_share(rows)
@@ -135,7 +138,9 @@ def _real_train_step(graphdef, params, mesh):
 
     from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step
 
-    optimizer = make_optimizer(1e-2, weight_decay=0.01, grad_clip=1.0)
+    # eps well above gradient round-off: Adam would otherwise blow float noise in near-zero gradients
+    # (summed in a different order on one process) up to lr-sized update differences.
+    optimizer = make_optimizer(1e-2, weight_decay=0.01, grad_clip=1.0, eps=1e-3)
     loss_cfg = dict(
         clip_eps=0.2, dual_clip=3.0, kl_type="low_var_kl", kl_coef=0.01, entropy_coef=0.001, agg="token-mean"
     )
@@ -200,4 +205,13 @@ def _trainer_iteration(args) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except BaseException:
+        # A normal exit would wait in jax.distributed's shutdown barrier for peers that may be blocked
+        # in a collective this process will never join: leave at once with the traceback printed.
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
