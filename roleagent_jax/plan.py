@@ -491,12 +491,7 @@ def advise(
                 )
                 break
         else:
-            if candidates or work.micro_batch_rows <= shards:
-                out.append(
-                    f"even {shards} rows per micro-batch (one per batch shard) do not fit: shorten "
-                    f"rollout.max_prompt_tokens, or add tensor parallelism (mesh tensor=2 or 4) to split "
-                    f"the attention and vocabulary activations"
-                )
+            out.append(_bigger_mesh_advice(cfg, label, sizes, w, hbm_gb, usable))
     if plan.phases["rollout"] > usable:
         for rows in reversed(SAMPLER_BATCH_BUCKETS):
             if rows >= work.rollout_rows or rows % (sizes["data"] * sizes["fsdp"]):
@@ -515,6 +510,36 @@ def advise(
     if not out and not plan.fits:
         out.append(f"no single change found; try more chips than {devices}")
     return out
+
+
+def _bigger_mesh_advice(
+    cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workload, hbm_gb: float, usable: float
+) -> str:
+    """Training does not fit at one row per batch shard: find the smallest larger mesh (more fsdp, or
+    tensor parallelism on more chips) whose training phase fits, with its micro-batch size."""
+    tried = []
+    for k in (2, 4, 8, 16):
+        for trial_sizes in (dict(sizes, fsdp=sizes["fsdp"] * k), dict(sizes, tensor=sizes["tensor"] * k)):
+            shards = trial_sizes["data"] * trial_sizes["fsdp"]
+            micros = [
+                m for m in range(shards, work.mini_batch_rows + 1, shards) if work.mini_batch_rows % m == 0
+            ]
+            for m in micros:
+                trial = make_plan(
+                    cfg, label, trial_sizes, dataclasses.replace(work, micro_batch_rows=m), hbm_gb
+                )
+                if trial.phases["train"] <= usable:
+                    mesh = ",".join(f"{a}:{v}" for a, v in trial_sizes.items())
+                    chips = trial_sizes["data"] * trial_sizes["fsdp"] * trial_sizes["tensor"]
+                    return (
+                        f"training does not fit on this mesh even at one row per batch shard; {chips} chips "
+                        f"with --mesh={mesh} and micro_batch_rows={m} give a training peak of "
+                        f"{trial.phases['train'] / GIB:.1f} GiB"
+                    )
+            tried.append(trial_sizes)
+    return (
+        "training does not fit even on 16x the chips: shorten rollout.max_prompt_tokens / max_response_tokens"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- XLA
