@@ -225,3 +225,12 @@ def test_xla_arguments_equal_planned_state_plus_batch():
     assert xla["temp"] > 0 and xla["total"] >= xla["argument"]
     with pytest.raises(ValueError, match="devices"):
         plan.xla_train_memory(cfg, {"data": 1, "fsdp": 2, "tensor": 1}, work, plan.loss_settings(config))
+
+
+@pytest.mark.parametrize("model,mesh", [("1.5b", "data:1,fsdp:8,tensor:1"), ("7b", "data:1,fsdp:4,tensor:2")])
+def test_docs_tables_are_current(model, mesh):
+    """docs/scaling.md shows the planner's output verbatim; regenerate it when configs or code change:
+    python -m roleagent_jax.plan --config=configs/alfworld.py --mesh=MESH --model=MODEL --chip=v4"""
+    table = plan.format_table(plan.plan_from_config(load_config("alfworld"), model, mesh, chip="v4"))
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    assert table in doc, f"docs/scaling.md is out of date for --model={model} --mesh={mesh}"
