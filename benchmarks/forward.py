@@ -33,9 +33,8 @@ def jax_step(graphdef):
 
     def loss_fn(params, ids):
         logits = nnx.merge(graphdef, params)(ids)[:, :-1]
-        targets = jax.nn.one_hot(ids[:, 1:], logits.shape[-1], dtype=logits.dtype)
-        nll = jax.nn.logsumexp(logits, axis=-1) - jnp.sum(logits * targets, axis=-1)
-        return jnp.mean(nll)
+        picked = jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
     return jax.jit(jax.value_and_grad(loss_fn))
 
@@ -45,7 +44,7 @@ def torch_step(model, ids):
         model.zero_grad(set_to_none=True)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        return loss
+        return loss.detach()
 
     return run
 

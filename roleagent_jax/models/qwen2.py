@@ -125,24 +125,33 @@ class Attention(nnx.Module):
     def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         dt = x.dtype
-        q = self.q_proj.apply("bth,hnd->btnd", x, dt)
-        k = self.k_proj.apply("bth,hnd->btnd", x, dt)
-        v = self.v_proj.apply("bth,hnd->btnd", x, dt)
+        q = self.q_proj.apply(x, 1, dt)
+        k = self.k_proj.apply(x, 1, dt)
+        v = self.v_proj.apply(x, 1, dt)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def out(self, attn: jax.Array) -> jax.Array:
-        return self.o_proj.apply("btnd,ndh->bth", attn, attn.dtype)
+        return self.o_proj.apply(attn, 2, attn.dtype)
 
 
 class Projection(nnx.Module):
-    """A kernel with explicit head axes and an optional bias; ``apply`` runs one einsum."""
+    """A kernel with explicit head axes and an optional bias.
+
+    ``apply`` contracts the last ``n_in`` axes of ``x`` with the first ``n_in`` of the kernel as one
+    plain 2-D matmul (rows = all leading dims): XLA:CPU runs that faster than the equivalent
+    multi-axis einsum, whose weight gradient otherwise needs layout copies.
+    """
 
     def __init__(self, shape, bias_shape, param_dtype, rngs: nnx.Rngs):
         self.kernel = _normal(rngs, shape, param_dtype)
         self.bias = nnx.Param(jnp.zeros(bias_shape, param_dtype)) if bias_shape is not None else None
 
-    def apply(self, spec: str, x: jax.Array, dtype) -> jax.Array:
-        y = jnp.einsum(spec, x, self.kernel[...].astype(dtype))
+    def apply(self, x: jax.Array, n_in: int, dtype) -> jax.Array:
+        kernel = self.kernel[...].astype(dtype)
+        in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
+        lead = x.shape[: x.ndim - n_in]
+        y = x.reshape(-1, math.prod(in_shape)) @ kernel.reshape(math.prod(in_shape), -1)
+        y = y.reshape(*lead, *out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(dtype)
         return y
@@ -157,9 +166,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = x.dtype
-        gate = self.gate_proj.apply("bth,hi->bti", x, dt)
-        up = self.up_proj.apply("bth,hi->bti", x, dt)
-        return self.down_proj.apply("bti,ih->bth", jax.nn.silu(gate) * up, dt)
+        gate = self.gate_proj.apply(x, 1, dt)
+        up = self.up_proj.apply(x, 1, dt)
+        return self.down_proj.apply(jax.nn.silu(gate) * up, 1, dt)
 
 
 class Block(nnx.Module):
@@ -236,10 +245,11 @@ class Qwen2ForCausalLM(nnx.Module):
     def _logits(self, h: jax.Array) -> jax.Array:
         dt = jnp.dtype(self.config.dtype)
         if self.lm_head is None:
-            w = self.embed.embedding[...].astype(dt)
-            return jnp.einsum("bth,vh->btv", h, w, preferred_element_type=jnp.float32)
-        w = self.lm_head.kernel[...].astype(dt)
-        return jnp.einsum("bth,hv->btv", h, w, preferred_element_type=jnp.float32)
+            w = self.embed.embedding[...].astype(dt).T
+        else:
+            w = self.lm_head.kernel[...].astype(dt)
+        logits = jnp.matmul(h.reshape(-1, h.shape[-1]), w, preferred_element_type=jnp.float32)
+        return logits.reshape(*h.shape[:-1], w.shape[-1])
 
     def _run_layers(self, x: jax.Array, positions: jax.Array, key_mask: jax.Array) -> jax.Array:
         def body(graphdef, state, h):
