@@ -37,6 +37,7 @@ from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
 
 GEN_SPLITS = ("gen_seen", "gen_unseen")
+EXPERT_MAX_STEPS = 50
 
 
 def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) -> TaskPool:
@@ -97,7 +98,7 @@ class Trainer:
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.train_step = make_train_step(self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh,
                                           micro_batches=micro, remat=c.model.remat)
-        self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh)
+        self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh, micro_batches=micro)
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
         n_tasks = len(self.train_pool)
@@ -110,10 +111,13 @@ class Trainer:
             memory.path.unlink()
             memory = aiw.FailureMemory(memory.path)
         self.aiw_state = aiw.AIWState(self.task_sampler, memory)
-        self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": []}
+        self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
         history = None
         if resuming:
             history = self._restore()
+            warm_dir = self.workdir / "hf_warmstart"
+            if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
+                self.ref_params = nnx.split(load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0])[1]
         self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
                                    history=history)
 
@@ -145,7 +149,13 @@ class Trainer:
         if not hasattr(self, "_experts"):
             n = self.config.warmstart.n_games or len(self.train_pool)
             ids = list(range(min(n, len(self.train_pool))))
-            self._experts = expert_episodes(self.envs, ids, self.config.env.max_steps)
+            # The expert plays to the end even when RL episodes are cut shorter.
+            envs = EnvPool(self.train_pool, num_workers=self.config.env.num_workers,
+                           step_timeout=self.config.env.step_timeout, max_steps=EXPERT_MAX_STEPS)
+            try:
+                self._experts = expert_episodes(envs, ids, EXPERT_MAX_STEPS)
+            finally:
+                envs.close()
         return self._experts
 
     def _examples(self):
@@ -158,7 +168,8 @@ class Trainer:
         texts = []
         for e in self._examples():
             texts += [e.prompt, e.target]
-        return train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
+        train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
+        return load_tokenizer(self.workdir / "tokenizer")  # as a resumed run will load it
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
@@ -232,6 +243,8 @@ class Trainer:
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params
+        if self.is_main:  # the KL reference of a resumed run
+            save_pretrained(nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer)
         self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
         print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 
@@ -240,6 +253,7 @@ class Trainer:
         t0 = time.perf_counter()
         B, G = c.rollout.tasks_per_iter, c.rollout.group_size
         tasks = self.task_sampler.sample(B)
+        self.host["sampled_tasks"].append(tasks.tolist())
         task_ids = np.repeat(tasks, G)
         group_ids = np.repeat(np.arange(B), G)
         key = jax.random.fold_in(self.state.rng, it)
@@ -259,7 +273,7 @@ class Trainer:
         adv = np.asarray(gigpo_advantages(
             np.array([r.reward for r in rows], np.float32), np.array([r.traj_id for r in rows]),
             np.array([r.group_id for r in rows]), np.array([r.step_index for r in rows]),
-            np.array([r.anchor_hash for r in rows], np.int64), np.array([r.valid for r in rows]),
+            np.array([r.anchor_hash for r in rows], np.uint64), np.array([r.valid for r in rows]),
             gamma=c.advantage.gamma, omega=c.advantage.omega, mode=c.advantage.mode,
             invalid_penalty=c.advantage.invalid_penalty, step_level=c.advantage.step_level,
             return_multiplier=multiplier,

@@ -38,3 +38,16 @@ def test_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="too small"):
         train_bpe_tokenizer(TEXTS, 100, tmp_path / "t")
+
+
+def test_encoding_survives_a_qwen2_model_directory(tmp_path):
+    """A directory with a qwen2 config.json makes transformers load Qwen2's tokenizer class, which rebuilds
+    the pre-tokenizer; our trained tokenizer must encode the same either way."""
+    import json
+
+    tok = train_bpe_tokenizer(TEXTS, 400, tmp_path / "tok")
+    tok.save_pretrained(str(tmp_path / "model"))
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    plain, as_qwen = load_tokenizer(tmp_path / "tok"), load_tokenizer(tmp_path / "model")
+    text = "You arrive at armchair 1. On the armchair 1, you see a cellphone 1.\n<action>go to drawer 12</action>"
+    assert plain.encode(text) == as_qwen.encode(text) == tok.encode(text)

@@ -1,0 +1,157 @@
+"""The training loop end to end on generated games: exact resume, a killed run, the CLI and the demo."""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(workdir: Path, iterations: int):
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.workdir = str(workdir)
+    c.iterations = iterations
+    c.model.init.hidden_size = 32
+    c.model.init.intermediate_size = 64
+    c.model.init.num_hidden_layers = 1
+    c.model.init.num_attention_heads = 2
+    c.model.init.num_key_value_heads = 1
+    c.tokenizer.train_vocab_size = 400
+    c.env.gen.n_train = 4
+    c.env.gen.num_receptacles = 4
+    c.env.gen.num_objects = 2
+    c.env.max_steps = 3
+    c.env.eval_splits = ()
+    c.rollout.tasks_per_iter = 2
+    c.rollout.group_size = 2
+    c.rollout.max_response_tokens = 8
+    c.wia.max_tokens = 8
+    c.warmstart.steps = 2
+    c.warmstart.batch_rows = 4
+    c.warmstart.n_games = 4
+    c.train.mini_batch_rows = 8
+    c.train.micro_batch_rows = 4
+    c.checkpoint.every = 1
+    c.log.progress = False
+    c.log.tensorboard = False
+    return c
+
+
+def run_trainer(config):
+    from roleagent_jax.trainer import Trainer
+
+    trainer = Trainer(config)
+    try:
+        trainer.warm_start()
+        for it in range(int(trainer.host["iteration"]), config.iterations):
+            trainer.iteration(it)
+            trainer.host["iteration"] = it + 1
+            trainer.save()
+        trainer.ckpt.wait()
+        return jax.device_get(trainer.state), dict(trainer.host), trainer.task_sampler.state_dict()
+    finally:
+        trainer.close()
+
+
+def assert_same_params(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_two_plus_two_iterations_equal_four(tmp_path):
+    full_state, full_host, full_sampler = run_trainer(tiny_config(tmp_path / "full", 4))
+    run_trainer(tiny_config(tmp_path / "split", 2))
+    split_state, split_host, split_sampler = run_trainer(tiny_config(tmp_path / "split", 4))
+    assert split_host["sampled_tasks"] == full_host["sampled_tasks"]  # same tasks drawn after resume
+    assert split_sampler["logits"] == full_sampler["logits"]
+    assert split_sampler["rng"] == full_sampler["rng"]
+    assert int(split_state.step) == int(full_state.step) > 0
+    assert_same_params(split_state.params, full_state.params)
+    assert_same_params(split_state.opt_state, full_state.opt_state)
+    np.testing.assert_array_equal(split_state.rng, full_state.rng)
+    lines = (tmp_path / "split" / "failure_memory.jsonl").read_text().splitlines()
+    assert len(lines) == len((tmp_path / "full" / "failure_memory.jsonl").read_text().splitlines())
+
+
+def cli(workdir: Path, *overrides: str) -> list[str]:
+    small = [
+        "--config.model.init.hidden_size=32", "--config.model.init.intermediate_size=64",
+        "--config.model.init.num_hidden_layers=1", "--config.model.init.num_attention_heads=2",
+        "--config.model.init.num_key_value_heads=1", "--config.tokenizer.train_vocab_size=400",
+        "--config.env.gen.n_train=4", "--config.env.gen.n_eval=2", "--config.env.gen.num_receptacles=4",
+        "--config.env.gen.num_objects=2", "--config.env.max_steps=3", "--config.rollout.tasks_per_iter=2",
+        "--config.rollout.group_size=2", "--config.rollout.max_response_tokens=8", "--config.wia.max_tokens=8",
+        "--config.warmstart.steps=2", "--config.warmstart.batch_rows=4", "--config.warmstart.n_games=4",
+        "--config.train.mini_batch_rows=8", "--config.train.micro_batch_rows=4",
+    ]  # fmt: skip
+    return [sys.executable, "-m", "roleagent_jax.main", f"--config={ROOT / 'configs' / 'demo.py'}",
+            f"--config.workdir={workdir}", *small, *overrides]
+
+
+def env():
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)  # one CPU device, as a user's laptop
+    return e
+
+
+def test_demo_cli_end_to_end(tmp_path):
+    """The shortened demo: warm start, evaluation before/after, one RL iteration, report, HF export."""
+    out = subprocess.run(cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"),
+                         capture_output=True, text=True, cwd=ROOT, env=env(), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(summary["eval"]) == {"before", "after"}
+    assert set(summary["eval"]["after"]) == {"gen_seen", "gen_unseen"}
+    assert "success before -> after RL" in out.stdout
+    report = Path(summary["report"])
+    assert report.exists() and (report.parent / "before_after.png").exists()
+    assert (Path(summary["final_model"]) / "model.safetensors").exists()
+    assert list((tmp_path / "run" / "logs" / "tb").glob("events.out.tfevents.*"))
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(summary["final_model"])  # safetensors out, loadable by HF
+
+
+def test_cli_rejects_bad_values(tmp_path):
+    out = subprocess.run(cli(tmp_path / "bad", "--config.advantage.mode=zscore"), capture_output=True,
+                         text=True, cwd=ROOT, env=env(), timeout=300)
+    assert out.returncode != 0 and "advantage.mode='zscore'" in out.stderr
+    out = subprocess.run(cli(tmp_path / "bad", "--config.no_such_key=1"), capture_output=True, text=True,
+                         cwd=ROOT, env=env(), timeout=300)
+    assert out.returncode != 0 and "no_such_key" in out.stderr
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_exactly(tmp_path):
+    """SIGKILL a real training process after its second checkpoint; the resumed run ends where an
+    uninterrupted one does."""
+    args = ["--config.iterations=4", "--config.checkpoint.every=1", "--config.env.eval_splits=()",
+            "--config.log.progress=false", "--config.log.tensorboard=false"]
+    ref = subprocess.run(cli(tmp_path / "ref", *args), capture_output=True, text=True, cwd=ROOT, env=env())
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = subprocess.Popen(cli(tmp_path / "killed", *args), cwd=ROOT, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 900
+    while time.time() < deadline and not (ckpt / "2").is_dir():
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(cli(tmp_path / "killed", *args), capture_output=True, text=True, cwd=ROOT, env=env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    a = (tmp_path / "ref" / "hf_final" / "model.safetensors").read_bytes()
+    b = (tmp_path / "killed" / "hf_final" / "model.safetensors").read_bytes()
+    assert a == b
