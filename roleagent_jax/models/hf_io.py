@@ -251,7 +251,12 @@ def load_pretrained(
             for name, n_in, _ in _mapping(key, cfg)
         ]
         host = np.stack(pieces) if shape != per_layer_shape else pieces[0]
-        loaded[key] = jax.device_put(host, shardings[key].get_value() if shardings is not None else device)
+        if shardings is None:
+            loaded[key] = jax.device_put(host, device)
+        else:  # each device (of every process) copies only its own slice of the host tensor
+            loaded[key] = jax.make_array_from_callback(
+                host.shape, shardings[key].get_value(), lambda index, host=host: host[index]
+            )
         del pieces, host
 
     state = nnx.from_flat_state({k: v.replace(loaded[k]) for k, v in _flat_params(abs_state).items()})
