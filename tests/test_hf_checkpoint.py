@@ -67,6 +67,23 @@ def test_bfloat16_round_trip(tmp_path):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(key))
 
 
+def test_reads_bfloat16_checkpoint_from_transformers(tmp_path):
+    import torch
+
+    torch_model = torch_qwen2(tie=False, kv_heads=2).to(torch.bfloat16)
+    torch_model.save_pretrained(tmp_path)
+    model, cfg = load_pretrained(tmp_path)
+    assert cfg.param_dtype == "bfloat16" and cfg.dtype == "float32"
+    want = (
+        torch_model.model.layers[1].self_attn.o_proj.weight.detach().float().numpy()
+    )  # [hidden, heads * head_dim]
+    got = np.asarray(model.layers[1].attn.o_proj.kernel[...].astype(np.float32))  # [heads, head_dim, hidden]
+    np.testing.assert_array_equal(got.reshape(-1, cfg.hidden_size).T, want)
+    ids, mask, pos = left_padded_batch()
+    ref = torch_logits(torch_model.float(), ids, mask, pos)  # same bf16-rounded weights, fp32 compute
+    assert max_diff_on_real(forward(model, ids, mask), ref, mask) <= 1e-4
+
+
 def test_missing_directory_and_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_pretrained(tmp_path / "nope")

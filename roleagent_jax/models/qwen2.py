@@ -17,6 +17,7 @@ from flax import nnx
 
 from roleagent_jax.models.config import Qwen2Config
 
+_MAX_CHUNKS = 16
 _NEG = -1e30  # finite so fully-masked (padding) query rows give a uniform softmax instead of NaN
 
 
@@ -99,10 +100,11 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
 
     Chunk ``[s, e)`` only reads keys ``[0, e)``: the masked upper triangle is mostly never computed
     (about half the attention FLOPs at long lengths) and each chunk's scores stay cache-sized.
-    ``key_mask`` bool ``[B, S]`` marks real tokens; ``chunk <= 0`` means one chunk.
+    ``key_mask`` bool ``[B, S]`` marks real tokens; ``chunk <= 0`` means one chunk. Long sequences use
+    bigger chunks so that at most ``_MAX_CHUNKS`` are unrolled (compile time stays bounded).
     """
     t = q.shape[1]
-    chunk = t if chunk <= 0 else chunk
+    chunk = t if chunk <= 0 else max(chunk, -(-t // _MAX_CHUNKS))  # bound the unrolled chunk count
     outs = []
     for start in range(0, t, chunk):
         end = min(start + chunk, t)
