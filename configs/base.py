@@ -48,6 +48,7 @@ def get_config() -> ConfigDict:
     c.env.num_workers = 8
     c.env.step_timeout = 60.0
     c.env.gen = ConfigDict()  # procedural games (splits gen_seen / gen_unseen)
+    c.env.gen.dir = ""  # where generated games go ("" = <workdir>/games); share it between runs
     c.env.gen.n_train = 64
     c.env.gen.n_eval = 24
     c.env.gen.seed = 0
@@ -117,6 +118,7 @@ def get_config() -> ConfigDict:
     c.warmstart.predictor = True  # also teach the predictor role
 
     c.eval = ConfigDict()
+    c.eval.before = True  # evaluate the starting (warm-started) model before RL
     c.eval.every = 5
     c.eval.temperature = 0.4
     c.eval.greedy = False

@@ -6,7 +6,6 @@ import json
 import math
 from pathlib import Path
 
-
 ECHO_KEYS = (
     "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "update/loss",
     "update/kl_ref", "update/entropy", "update/clip_frac", "wia/lms_mean", "wia/parse_rate",

@@ -22,16 +22,17 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from roleagent_jax import aiw
+from roleagent_jax import aiw, distributed
 from roleagent_jax.advantages import gigpo_advantages
 from roleagent_jax.checkpointing import Checkpointer, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, TaskPool
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.policy import write_prompt_settings
 from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import Sampler, SamplingParams
-from roleagent_jax.sharding import make_mesh, maybe_initialize_distributed, shard_model
+from roleagent_jax.sharding import make_mesh, shard_model
 from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
 from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
@@ -48,7 +49,7 @@ def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) 
         seed = g.seed if purpose == "train" else g.seed + 1000  # held-out games of the same distribution
         pool = "seen" if split == "gen_seen" else "unseen"
         return TaskPool.generated(
-            workdir / "games" / f"{purpose}_{split}", n=n, seed=seed, pool=pool,
+            Path(g.dir or workdir / "games") / f"{purpose}_{split}", n=n, seed=seed, pool=pool,
             num_receptacles=g.num_receptacles, num_objects=g.num_objects,
         )
     return TaskPool.from_split(config.env.data_dir or None, split)
@@ -67,7 +68,7 @@ class Trainer:
     """Owns the model, environments, optimizer state and AIW state of one run in `config.workdir`."""
 
     def __init__(self, config: ConfigDict):
-        maybe_initialize_distributed()
+        distributed.initialize()
         self.config = apply_algo(validate(config))
         c = self.config
         self.workdir = Path(c.workdir).absolute()
@@ -92,7 +93,7 @@ class Trainer:
                                eos_ids=eos_ids(self.tokenizer))
         self.optimizer = make_optimizer(c.optim.lr, weight_decay=c.optim.weight_decay,
                                         grad_clip=c.optim.grad_clip, warmup_steps=c.optim.warmup_steps,
-                                        schedule=c.optim.schedule, total_steps=max(c.iterations, 1))
+                                        schedule=c.optim.schedule, total_steps=self._optimizer_steps())
         loss_cfg = dict(clip_eps=c.loss.clip_eps, dual_clip=c.loss.dual_clip, kl_type=c.loss.kl_type,
                         kl_coef=c.loss.kl_coef, entropy_coef=c.loss.entropy_coef, agg=c.loss.agg)
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
@@ -123,6 +124,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
 
+    def _optimizer_steps(self) -> int:
+        """Upper bound of optimizer steps in the run (for the cosine schedule): full-length episodes."""
+        c = self.config
+        rows = c.rollout.tasks_per_iter * c.rollout.group_size * c.env.max_steps
+        return max(1, c.iterations * c.train.ppo_epochs * -(-rows // c.train.mini_batch_rows))
+
     def _build_model(self, resuming: bool):
         c = self.config
         init_dir = self.workdir / "hf_init"
@@ -141,8 +148,7 @@ class Trainer:
             scan_layers=c.model.scan_layers,
         )
         model = shard_model(Qwen2ForCausalLM(mcfg, rngs=nnx.Rngs(c.seed)), self.mesh)
-        if self.is_main:
-            save_pretrained(model, init_dir, tokenizer=tok)
+        save_pretrained(model, init_dir, tokenizer=tok)  # every process takes part; process 0 writes
         return model, mcfg, tok
 
     def _expert_trajectories(self):
@@ -168,7 +174,9 @@ class Trainer:
         texts = []
         for e in self._examples():
             texts += [e.prompt, e.target]
-        train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
+        if self.is_main:
+            train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
+        distributed.sync("tokenizer")
         return load_tokenizer(self.workdir / "tokenizer")  # as a resumed run will load it
 
     def encode_prompt(self, text: str) -> list[int]:
@@ -243,8 +251,10 @@ class Trainer:
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params
-        if self.is_main:  # the KL reference of a resumed run
-            save_pretrained(nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer)
+        save_pretrained(  # the KL reference of a resumed run
+            nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer)
+        if self.is_main:
+            self._write_prompt_settings(self.workdir / "hf_warmstart")
         self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
         print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 
@@ -357,7 +367,7 @@ class Trainer:
     def run(self) -> dict:
         c = self.config
         self.warm_start()
-        if "before" not in self.host["eval"] and c.env.eval_splits:
+        if c.eval.before and "before" not in self.host["eval"] and c.env.eval_splits:
             self.host["eval"]["before"] = {s: self.evaluate(s, limit=c.eval.limit) for s in c.env.eval_splits}
             self._print_eval("before RL", self.host["eval"]["before"])
             self.save()
@@ -375,6 +385,8 @@ class Trainer:
             bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")
             if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
                 self.save()
+        if c.iterations == 0 and "before" in self.host["eval"]:
+            self.host["eval"]["after"] = self.host["eval"]["before"]  # no RL ran: nothing changed
         if "after" not in self.host["eval"] and c.env.eval_splits:
             self.host["eval"]["after"] = {s: self.evaluate(s, limit=c.eval.limit) for s in c.env.eval_splits}
             self._print_eval("after RL", self.host["eval"]["after"])
@@ -386,8 +398,9 @@ class Trainer:
         from roleagent_jax.report import write_report
 
         final_dir = self.workdir / "hf_final"
+        save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
         if self.is_main:
-            save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
+            self._write_prompt_settings(final_dir)
         summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
                    "final_model": str(final_dir)}
         if self.is_main:
@@ -395,6 +408,11 @@ class Trainer:
             summary["report"] = str(report)
             write_json(self.workdir / "summary.json", summary)
         return summary
+
+    def _write_prompt_settings(self, directory: Path) -> None:
+        c = self.config
+        write_prompt_settings(directory, history_k=c.env.history_k, max_prompt_tokens=c.rollout.max_prompt_tokens,
+                              max_response_tokens=c.rollout.max_response_tokens)
 
     def close(self) -> None:
         self.ckpt.close()

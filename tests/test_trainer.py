@@ -123,6 +123,18 @@ def test_demo_cli_end_to_end(tmp_path):
 
     AutoModelForCausalLM.from_pretrained(summary["final_model"])  # safetensors out, loadable by HF
 
+    # The trained checkpoint plays real ALFWorld games through the evaluate command.
+    from conftest import shared_alfworld_dir
+
+    data = shared_alfworld_dir()
+    split = ["--split=valid_seen", f"--data={data}"] if data else ["--split=gen_unseen", "--gen-n=2"]
+    ev = subprocess.run([sys.executable, "-m", "roleagent_jax.evaluate", f"--checkpoint={summary['final_model']}",
+                         *split, "--limit=3", "--max-steps=3", f"--gen-dir={tmp_path / 'g'}"],
+                        capture_output=True, text=True, cwd=ROOT, env=env(), timeout=600)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert result["n"] == 3 and 0.0 <= result["success"] <= 1.0 and result["per_type"]
+
 
 def test_cli_rejects_bad_values(tmp_path):
     out = subprocess.run(cli(tmp_path / "bad", "--config.advantage.mode=zscore"), capture_output=True,

@@ -1,0 +1,66 @@
+"""A trained model as an evaluation policy: `python -m roleagent_jax.evaluate --checkpoint=DIR`.
+
+DIR is a Hugging Face directory written by the trainer (`<workdir>/hf_final`, `hf_warmstart`) or any
+Qwen2 checkpoint with its tokenizer; `roleagent.json` beside the weights, when present, carries the prompt
+settings the model was trained with (history window, token budgets).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+
+from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt
+from roleagent_jax.models import load_pretrained
+from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
+from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer
+
+PROMPT_SETTINGS = "roleagent.json"
+DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
+
+
+def write_prompt_settings(directory: str | Path, **settings) -> None:
+    (Path(directory) / PROMPT_SETTINGS).write_text(json.dumps({**DEFAULTS, **settings}, indent=1))
+
+
+class ModelPolicy:
+    """Batched agent responses from the model through the shared sampler (one call per step)."""
+
+    needs_expert_plan = False
+
+    def __init__(self, checkpoint: str | Path, temperature: float = 0.4, seed: int = 0):
+        path = Path(checkpoint)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no model checkpoint at {path}: expected a Hugging Face directory with config.json and "
+                "*.safetensors (e.g. <workdir>/hf_final written at the end of training)"
+            )
+        settings_file = path / PROMPT_SETTINGS
+        self.settings = {**DEFAULTS, **(json.loads(settings_file.read_text()) if settings_file.exists() else {})}
+        model, config = load_pretrained(path)
+        self.tokenizer = load_tokenizer(path)
+        from flax import nnx
+
+        graphdef, self.params = nnx.split(model)
+        self.sampler = Sampler(graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
+        self.sampling = SamplingParams(temperature=temperature)
+        self.key = jax.random.PRNGKey(seed)
+        self.calls = 0
+
+    def __call__(self, batch) -> list[str]:
+        k = self.settings["history_k"]
+        requests = []
+        for x in batch:
+            text = build_agent_prompt(x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k)
+            ids = self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
+            requests.append(SampleRequest(ids[-self.settings["max_prompt_tokens"] :],
+                                          self.settings["max_response_tokens"], stop=(ACTION_STOP,)))
+        self.calls += 1
+        results = self.sampler.generate(self.params, requests, self.sampling, jax.random.fold_in(self.key, self.calls))
+        return [r.text for r in results]
+
+
+def load_checkpoint_policy(checkpoint: str, temperature: float = 0.4) -> ModelPolicy:
+    return ModelPolicy(checkpoint, temperature)
