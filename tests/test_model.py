@@ -107,9 +107,10 @@ def test_prefill_then_single_steps_with_donated_cache():
     kv_mask[:, :n] = mask[:, :n].astype(bool)
     logits, cache = step(params, ids[:, :n], pos[:, :n], cache, jnp.int32(0), kv_mask)
     got = [np.asarray(logits)]
-    for i in range(n, t):
-        kv_mask[:, i] = mask[:, i].astype(bool)
-        logits, cache = step(params, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), kv_mask)
+    # Then a 2-token step (the few-query attention path) and single-token steps.
+    for i, j in [(n, n + 2)] + [(i, i + 1) for i in range(n + 2, t)]:
+        kv_mask[:, i:j] = mask[:, i:j].astype(bool)
+        logits, cache = step(params, ids[:, i:j], pos[:, i:j], cache, jnp.int32(i), kv_mask)
         got.append(np.asarray(logits))
     assert max_diff_on_real(np.concatenate(got, 1), full, mask) < 1e-5
 

@@ -18,6 +18,7 @@ from flax import nnx
 from roleagent_jax.models.config import Qwen2Config
 
 _MAX_CHUNKS = 16
+_FEW_QUERIES = 4
 _NEG = -1e30  # finite so fully-masked (padding) query rows give a uniform softmax instead of NaN
 
 
@@ -85,12 +86,24 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     b, t, n, d = q.shape
     kv = k.shape[2]
     qg = q.reshape(b, t, kv, n // kv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    if t <= _FEW_QUERIES:
+        # Decode steps: make the cache the dot's left operand, so XLA only regroups it by KV head
+        # (64-float runs) instead of fully transposing it; the scores transposed after are tiny.
+        dims = (((3,), (4,)), ((0, 2), (0, 2)))  # contract head_dim; batch over (B, KV)
+        scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [B,KV,S,T,G]
+        scores = jnp.transpose(scores, (0, 1, 4, 3, 2))
+    else:
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None, :, :], scores * (1.0 / math.sqrt(d)), _NEG)
     top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))  # softmax is shift-invariant
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1)  # [B, KV, G, T]
-    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    if t <= _FEW_QUERIES:
+        dims = (((4,), (1,)), ((0, 1), (0, 2)))  # contract slots; batch over (B, KV)
+        out = jax.lax.dot_general(weights.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)
+        out = jnp.transpose(out, (0, 3, 1, 2, 4))  # [B,KV,G,T,D] -> [B,T,KV,G,D]
+    else:
+        out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
     return out.astype(q.dtype).reshape(b, t, n, d)
 
