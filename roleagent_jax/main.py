@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,6 +26,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # keep library INFO chatter (orbax, XLA) off the console
     from roleagent_jax.trainer import Trainer  # heavy imports only once the flags are valid
 
     try:
