@@ -6,11 +6,10 @@ both sides generate exactly 64 tokens per row. Time is wall time of a whole call
 best of a few repeats; our compile time is reported apart. The fraction of the compute limit is the
 work's FLOPs over our wall time, divided by the FLOP/s of a large fp32 matmul on this machine.
 
-    python benchmarks/sampler.py [--batch 32 --prompt 256 --new 64 --repeats 3 --mesh-devices 2]
+    python benchmarks/sampler.py [--batch 32 --prompt 256 --new 64 --repeats 3]
 
-With --mesh-devices N > 1 the same sampler is also timed with its rows split over a ("data",) mesh of N
-host CPU devices (one thread each): XLA runs the small decode-step matmuls on one thread, so on a CPU
-host a data mesh is how decoding uses every core. Reported apart (`tokens_per_s_mesh`).
+Process CPU seconds per call are printed beside the wall times: on a machine shared with other jobs
+they show the work each side needs, which the wall-clock ratio alone cannot.
 """
 
 from __future__ import annotations
@@ -25,20 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _host_devices_from_argv() -> None:
-    """Ask XLA for N host devices before JAX starts (only needed for --mesh-devices N > 1)."""
-    argv = sys.argv[1:]
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--mesh-devices=") else None
-        if arg == "--mesh-devices" and i + 1 < len(argv):
-            value = argv[i + 1]
-        if value is not None and int(value) > 1:
-            flags = os.environ.get("XLA_FLAGS", "")
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(value)}".strip()
-
-
-_host_devices_from_argv()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -56,7 +41,7 @@ BENCH_CONFIG = dict(
 )
 
 
-def matmul_flops_per_s(n: int = 2048, repeats: int = 5) -> float:
+def matmul_flops_per_s(n: int = 2048, repeats: int = 8) -> float:
     """FLOP/s of a large fp32 matmul under XLA: the machine's practical compute limit."""
     try:
         from benchmarks.common import matmul_flops_per_s as shared
@@ -111,8 +96,18 @@ def word_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="w0")
 
 
-def time_torch(hf, prompts: np.ndarray, new: int, repeats: int) -> tuple[float, int]:
-    """Best wall time of `generate` and the thread count that gave it. PyTorch's default (one thread
+def best_time(fn, repeats: int) -> tuple[float, float]:
+    """Best (wall seconds, process CPU seconds) over `repeats` calls, ranked by wall time."""
+    best = (float("inf"), float("inf"))
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
+    return best
+
+
+def time_torch(hf, prompts: np.ndarray, new: int, repeats: int) -> tuple[float, float, int]:
+    """Best (wall, CPU) of `generate` and the thread count that gave it. PyTorch's default (one thread
     per core) is tried and so is one thread: on a machine shared with other jobs, OpenMP threads that
     wait on each other can make the default many times slower, which would flatter our ratio."""
     import torch
@@ -121,21 +116,16 @@ def time_torch(hf, prompts: np.ndarray, new: int, repeats: int) -> tuple[float, 
     mask = torch.ones_like(ids)
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
     default_threads = torch.get_num_threads()
-    best, best_threads = float("inf"), default_threads
+    best = (float("inf"), float("inf"), default_threads)
     with torch.inference_mode():
+        out = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        assert out.shape[1] == prompts.shape[1] + new
         for threads in sorted({default_threads, 1}, reverse=True):
             torch.set_num_threads(threads)
-            hf.generate(
-                input_ids=ids[:2, :16], attention_mask=mask[:2, :16], **{**kwargs, "max_new_tokens": 2}
-            )
-            for _ in range(repeats):
-                t = time.perf_counter()
-                out = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
-                if time.perf_counter() - t < best:
-                    best, best_threads = time.perf_counter() - t, threads
-            assert out.shape[1] == prompts.shape[1] + new
+            wall, cpu = best_time(lambda: hf.generate(input_ids=ids, attention_mask=mask, **kwargs), repeats)
+            best = min(best, (wall, cpu, threads))
     torch.set_num_threads(default_threads)
-    return best, best_threads
+    return best
 
 
 def main() -> None:
@@ -144,9 +134,6 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--mesh-devices", type=int, default=1, help="also time rows split over N host devices"
-    )
     args = parser.parse_args()
 
     import torch
@@ -154,7 +141,6 @@ def main() -> None:
 
     from roleagent_jax.models import load_pretrained
     from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-    from roleagent_jax.sharding import param_shardings
 
     print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpus: {os.cpu_count()}")
     rng = np.random.default_rng(0)
@@ -170,51 +156,37 @@ def main() -> None:
     reqs = [SampleRequest([int(t) for t in row], args.new) for row in prompts]
     greedy = SamplingParams(greedy=True)
 
-    def make_run(mesh, weights):
-        sampler = Sampler(
-            graphdef, cfg, tokenizer, mesh, eos_ids=(), batch_buckets=(args.batch,),
-            prompt_buckets=(args.prompt,), max_new_tokens_cap=args.new,
-        )  # fmt: skip
+    sampler = Sampler(
+        graphdef, cfg, tokenizer, eos_ids=(), batch_buckets=(args.batch,), prompt_buckets=(args.prompt,),
+        max_new_tokens_cap=args.new,
+    )  # fmt: skip
 
-        def run() -> tuple[float, list]:
-            t = time.perf_counter()
-            out = sampler.generate(weights, reqs, greedy, jax.random.key(0))
-            return time.perf_counter() - t, out
+    def run_ours() -> list:
+        return sampler.generate(params, reqs, greedy, jax.random.key(0))
 
-        return run
-
-    run_ours = make_run(None, params)
-    first, out = run_ours()
+    first = time.perf_counter()
+    out = run_ours()
+    first = time.perf_counter() - first
     assert all(len(o.token_ids) == args.new for o in out)
-    ours = min(run_ours()[0] for _ in range(args.repeats))
+    limit = matmul_flops_per_s()
+    ours, ours_cpu = best_time(run_ours, args.repeats)
     compile_s = max(0.0, first - ours)
-    mesh_s = None
-    if args.mesh_devices > 1:
-        from roleagent_jax.sharding import make_mesh
-
-        mesh = make_mesh(data=args.mesh_devices, fsdp=1, tensor=1)
-        run_mesh = make_run(mesh, jax.device_put(params, param_shardings(params, mesh)))
-        _, out_mesh = run_mesh()
-        assert [o.token_ids for o in out_mesh] == [o.token_ids for o in out]
-        mesh_s = min(run_mesh()[0] for _ in range(args.repeats))
-    torch_s, torch_threads = time_torch(hf, prompts, args.new, args.repeats)
-    ours = min(ours, min(run_ours()[0] for _ in range(args.repeats)))  # interleaved: load drifts
-    if mesh_s is not None:
-        mesh_s = min(mesh_s, min(run_mesh()[0] for _ in range(args.repeats)))
+    torch_s, torch_cpu, torch_threads = time_torch(hf, prompts, args.new, args.repeats)
+    ours, ours_cpu = min((ours, ours_cpu), best_time(run_ours, args.repeats))  # interleaved: load drifts
+    limit = max(limit, matmul_flops_per_s())
 
     generated = args.batch * args.new
-    limit = matmul_flops_per_s()
     flops = generation_flops(BENCH_CONFIG, args.batch, args.prompt, args.new)
     ours_tps, torch_tps = generated / ours, generated / torch_s
     fraction = flops / ours / limit
-    print(f"ours:  {ours:.2f} s  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)")
-    if mesh_s is not None:
-        print(
-            f"ours on a {args.mesh_devices}-device data mesh: {mesh_s:.2f} s  {generated / mesh_s:8.1f} tok/s"
-        )
-    print(f"torch: {torch_s:.2f} s  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))")
     print(
-        f"work {flops / 1e9:.1f} GFLOP; matmul limit {limit / 1e9:.1f} GFLOP/s; limit = {generated / (flops / limit):.0f} tok/s"
+        f"ours:  {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
+    )
+    print(
+        f"torch: {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
+    )
+    print(
+        f"work {flops / 1e9:.1f} GFLOP; matmul limit {limit / 1e9:.1f} GFLOP/s = {generated * limit / flops:.0f} tok/s"
     )
     print(
         json.dumps(
@@ -225,7 +197,8 @@ def main() -> None:
                 "fraction_of_limit": round(fraction, 3),
                 "torch_tokens_per_s": round(torch_tps, 1),
                 "compile_s": round(compile_s, 2),
-                **({"tokens_per_s_mesh": round(generated / mesh_s, 1)} if mesh_s is not None else {}),
+                "cpu_s_ours": round(ours_cpu, 2),
+                "cpu_s_torch": round(torch_cpu, 2),
             }
         )
     )
