@@ -98,6 +98,15 @@ def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def _to_host(tree):
+    """Numpy copies of the outputs; rows sharded over several processes are gathered first."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 class Sampler:
     """Batched generation with a KV cache: jitted prefill, then one jitted `lax.while_loop` decode.
 
@@ -391,7 +400,7 @@ class Sampler:
             params, cache, logits, prompt_mask, self._put_rows(max_new), stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, mode=mode,
         )  # fmt: skip
-        tokens, logps, n_gen, finish = jax.device_get(out[0])
+        tokens, logps, n_gen, finish = _to_host(out[0])
         return [
             self._result(r, tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b]))
             for b, r in enumerate(requests)
