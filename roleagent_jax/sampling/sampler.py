@@ -391,7 +391,8 @@ class Sampler:
             stop_bytes = stop_len = table = None
 
         greedy = sp.is_greedy
-        mode = (greedy, 0 if greedy else int(sp.top_k), (not greedy) and sp.top_p < 1.0, new_tokens)
+        top_k = 0 if greedy else min(int(sp.top_k), self.config.vocab_size)
+        mode = (greedy, top_k, (not greedy) and sp.top_p < 1.0, new_tokens)
         knobs = self._put_replicated(np.array([max(sp.temperature, 1e-6), sp.top_p], np.float32))
         eos = self._put_replicated(np.array(self.eos_ids or [-1], np.int32))
         prompt_mask = self._put_rows(mask)
