@@ -16,9 +16,13 @@ ECHO_KEYS = (
 class MetricLogger:
     """Scalars per iteration; `history` is kept in memory (and in checkpoints) for plots and resume."""
 
-    def __init__(self, logdir: str | Path, tensorboard: bool = True, history: list[dict] | None = None):
+    def __init__(
+        self, logdir: str | Path, tensorboard: bool = True, history: list[dict] | None = None, write: bool = True
+    ):
         self.logdir = Path(logdir)
-        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.write = write  # False on every process but the first of a multi-host run
+        if write:
+            self.logdir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = list(history or [])
         self._writer = None
         if tensorboard:
@@ -33,6 +37,8 @@ class MetricLogger:
             for key, value in clean.items():
                 self._writer.add_scalar(key, value, step)
             self._writer.flush()
+        if not self.write:
+            return
         with open(self.logdir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
         if echo:

@@ -42,17 +42,26 @@ EXPERT_MAX_STEPS = 50
 
 
 def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) -> TaskPool:
-    """Real ALFWorld splits come from the data folder; gen_* splits are generated into the workdir."""
-    if split in GEN_SPLITS:
-        g = config.env.gen
-        n = g.n_train if purpose == "train" else g.n_eval
-        seed = g.seed if purpose == "train" else g.seed + 1000  # held-out games of the same distribution
-        pool = "seen" if split == "gen_seen" else "unseen"
+    """Real ALFWorld splits come from the data folder; gen_* splits are generated into the workdir.
+
+    With several processes, process 0 generates and the others then read the same files.
+    """
+    if split not in GEN_SPLITS:
+        return TaskPool.from_split(config.env.data_dir or None, split)
+    g = config.env.gen
+    n = g.n_train if purpose == "train" else g.n_eval
+    seed = g.seed if purpose == "train" else g.seed + 1000  # held-out games of the same distribution
+
+    def generate() -> TaskPool:
         return TaskPool.generated(
-            Path(g.dir or workdir / "games") / f"{purpose}_{split}", n=n, seed=seed, pool=pool,
+            Path(g.dir or workdir / "games") / f"{purpose}_{split}", n=n, seed=seed,
+            pool="seen" if split == "gen_seen" else "unseen",
             num_receptacles=g.num_receptacles, num_objects=g.num_objects,
         )
-    return TaskPool.from_split(config.env.data_dir or None, split)
+
+    pool = generate() if distributed.is_main_process() else None
+    distributed.sync(f"games/{purpose}/{split}")
+    return pool if pool is not None else generate()
 
 
 def success_by_type(trajs) -> dict[str, float]:
@@ -107,7 +116,9 @@ class Trainer:
             n_tasks, eta=c.aiw.eta, decay=c.aiw.decay, temperature=c.aiw.temperature,
             epsilon=c.aiw.epsilon, cap=max(c.aiw.cap, 1.0 / n_tasks) if c.aiw.cap else None, seed=c.seed,
         )
-        memory = aiw.FailureMemory(self.workdir / "failure_memory.jsonl")
+        # Every process computes the same AIW state from the same trajectories; each keeps its own file.
+        name = "failure_memory.jsonl" if self.is_main else f"failure_memory.p{jax.process_index()}.jsonl"
+        memory = aiw.FailureMemory(self.workdir / name)
         if not resuming and len(memory):  # records of an earlier run that never checkpointed
             memory.path.unlink()
             memory = aiw.FailureMemory(memory.path)
@@ -120,7 +131,7 @@ class Trainer:
             if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
                 self.ref_params = nnx.split(load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0])[1]
         self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
-                                   history=history)
+                                   history=history, write=self.is_main)
 
     # ------------------------------------------------------------------ set-up
 

@@ -179,7 +179,7 @@ def _trainer_iteration(args) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config()
-    c.workdir = str(Path(args.out).with_suffix("")) + "_run"
+    c.workdir = str(Path(args.out).parent / "trainer_run")  # one workdir shared by the processes
     c.iterations, c.warmstart.steps, c.env.eval_splits = 1, 0, ()
     c.env.gen.n_train, c.warmstart.n_games, c.env.num_workers, c.env.max_steps = 8, 8, 1, 3
     c.rollout.tasks_per_iter, c.rollout.group_size, c.rollout.max_prompt_tokens = 2, 2, 256

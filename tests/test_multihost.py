@@ -122,11 +122,6 @@ def test_two_processes_sgd_step_identical_params(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trainer calls save_pretrained (a cross-process gather) on process 0 only, "
-    "so process 0 waits for a collective process 1 never joins; see docs/scaling.md",
-)
 def test_two_processes_trainer_iteration_identical_params(tmp_path):
     """One full `Trainer.iteration` (rollouts on procedural games, advantages, PPO update) in two processes."""
     extra = ["--step-fn", "trainer", "--mesh", "1,4,1"]
