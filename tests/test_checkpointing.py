@@ -20,7 +20,7 @@ def test_roundtrip_keep_n_and_shardings(tmp_path):
     host = {"iteration": 3, "logits": np.linspace(-1, 1, 5), "rng": gen.bit_generator.state}
     ckpt = Checkpointer(tmp_path / "ckpt", keep=2)
     for step in (1, 2, 3):
-        ckpt.save(step, jax.tree.map(lambda x: x + step, state), dict(host, iteration=step))
+        ckpt.save(step, jax.tree.map(lambda x, s=step: x + s, state), dict(host, iteration=step))
     ckpt.wait()
     assert ckpt.latest_step() == 3
     assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [2, 3]
