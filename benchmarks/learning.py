@@ -39,7 +39,9 @@ def run(config) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the demo's)")
     parser.add_argument("--workdir", default="runs/learning")
@@ -77,9 +79,20 @@ def main() -> None:
     for name, row in table.items():
         cells = [f"{100 * np.mean(row[s]):8.1f} +- {100 * np.std(row[s]):5.1f}" for s in splits]
         print(f"{name:12s}" + "".join(f"{c:>20s}" for c in cells))
-    out = {name: {s: [float(np.mean(v)), float(np.std(v))] for s, v in row.items()} for name, row in table.items()}
-    print(json.dumps({"bench": "learning", "seeds": args.seeds, "success_mean_std": out,
-                      "wall_s": time.perf_counter() - start}))
+    out = {
+        name: {s: [float(np.mean(v)), float(np.std(v))] for s, v in row.items()}
+        for name, row in table.items()
+    }
+    print(
+        json.dumps(
+            {
+                "bench": "learning",
+                "seeds": args.seeds,
+                "success_mean_std": out,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

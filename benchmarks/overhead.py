@@ -55,7 +55,9 @@ def time_iterations(config) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--aiw", action="store_true", help="also turn AIW on for the roleagent run")
     args = parser.parse_args()
@@ -70,8 +72,17 @@ def main() -> None:
             print(f"{algo:10s} {results[algo]:.2f} s/iteration  ({', '.join(f'{t:.2f}' for t in times)})")
     overhead = results["roleagent"] / results["gigpo"] - 1.0
     print(f"WIA{' + AIW' if args.aiw else ''} overhead: {100 * overhead:.1f}% (paper: 5.2% for WIA + AIW)")
-    print(json.dumps({"bench": "overhead", "gigpo_s_per_iter": results["gigpo"],
-                      "roleagent_s_per_iter": results["roleagent"], "overhead": overhead, "aiw": args.aiw}))
+    print(
+        json.dumps(
+            {
+                "bench": "overhead",
+                "gigpo_s_per_iter": results["gigpo"],
+                "roleagent_s_per_iter": results["roleagent"],
+                "overhead": overhead,
+                "aiw": args.aiw,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

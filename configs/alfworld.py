@@ -1,6 +1,6 @@
 """The paper's ALFWorld run (reference §5): Qwen2.5-1.5B-Instruct, 16 tasks x 8 rollouts, 150 iterations.
 
-    python -m roleagent_jax.main --config=configs/alfworld.py --config.model.path=/path/Qwen2.5-1.5B-Instruct
+python -m roleagent_jax.main --config=configs/alfworld.py --config.model.path=/path/Qwen2.5-1.5B-Instruct
 """
 
 import os

@@ -116,6 +116,7 @@ def get_config() -> ConfigDict:
     c.warmstart.batch_rows = 32
     c.warmstart.n_games = 0
     c.warmstart.predictor = True  # also teach the predictor role
+    c.warmstart.predictor_fraction = 1.0  # share of expert steps that also give a predictor example
 
     c.eval = ConfigDict()
     c.eval.before = True  # evaluate the starting (warm-started) model before RL

@@ -81,7 +81,9 @@ def validate(config: ConfigDict) -> ConfigDict:
         value = _get(config, key)
         too_low = value < low if low_inclusive else value <= low
         if too_low or (high is not None and value > high):
-            bound = f"{'>=' if low_inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+            bound = f"{'>=' if low_inclusive else '>'} {low}" + (
+                f" and <= {high}" if high is not None else ""
+            )
             errors.append(f"--config.{key}={value!r}: must be {bound}")
     mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
     if mini % micro:

@@ -17,8 +17,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file (configs/demo.py, configs/alfworld.py); override keys with "
-    "--config.<key>=<value>.", lock_config=True,
+    "config",
+    None,
+    "Path to a config file (configs/demo.py, configs/alfworld.py); override keys with "
+    "--config.<key>=<value>.",
+    lock_config=True,
 )
 flags.mark_flags_as_required(["config"])
 

@@ -17,7 +17,11 @@ class MetricLogger:
     """Scalars per iteration; `history` is kept in memory (and in checkpoints) for plots and resume."""
 
     def __init__(
-        self, logdir: str | Path, tensorboard: bool = True, history: list[dict] | None = None, write: bool = True
+        self,
+        logdir: str | Path,
+        tensorboard: bool = True,
+        history: list[dict] | None = None,
+        write: bool = True,
     ):
         self.logdir = Path(logdir)
         self.write = write  # False on every process but the first of a multi-host run

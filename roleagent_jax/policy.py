@@ -38,7 +38,10 @@ class ModelPolicy:
                 "*.safetensors (e.g. <workdir>/hf_final written at the end of training)"
             )
         settings_file = path / PROMPT_SETTINGS
-        self.settings = {**DEFAULTS, **(json.loads(settings_file.read_text()) if settings_file.exists() else {})}
+        self.settings = {
+            **DEFAULTS,
+            **(json.loads(settings_file.read_text()) if settings_file.exists() else {}),
+        }
         model, config = load_pretrained(path)
         self.tokenizer = load_tokenizer(path)
         from flax import nnx
@@ -53,12 +56,21 @@ class ModelPolicy:
         k = self.settings["history_k"]
         requests = []
         for x in batch:
-            text = build_agent_prompt(x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k)
+            text = build_agent_prompt(
+                x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k
+            )
             ids = self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
-            requests.append(SampleRequest(ids[-self.settings["max_prompt_tokens"] :],
-                                          self.settings["max_response_tokens"], stop=(ACTION_STOP,)))
+            requests.append(
+                SampleRequest(
+                    ids[-self.settings["max_prompt_tokens"] :],
+                    self.settings["max_response_tokens"],
+                    stop=(ACTION_STOP,),
+                )
+            )
         self.calls += 1
-        results = self.sampler.generate(self.params, requests, self.sampling, jax.random.fold_in(self.key, self.calls))
+        results = self.sampler.generate(
+            self.params, requests, self.sampling, jax.random.fold_in(self.key, self.calls)
+        )
         return [r.text for r in results]
 
 

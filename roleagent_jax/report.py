@@ -48,8 +48,13 @@ def _plot_before_after(before: dict, after: dict, path: Path) -> Path | None:
         x = np.arange(len(types))
         ax.bar(x - 0.2, [100 * before[split].get(t, 0) for t in types], 0.4, label="before RL")
         ax.bar(x + 0.2, [100 * after[split].get(t, 0) for t in types], 0.4, label="after RL")
-        ax.set_xticks(x, [t.replace("_then_place_in_recep", "").replace("pick_", "") for t in types],
-                      rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(
+            x,
+            [t.replace("_then_place_in_recep", "").replace("pick_", "") for t in types],
+            rotation=30,
+            ha="right",
+            fontsize=8,
+        )
         ax.set(title=split, ylabel="success %", ylim=(0, 100))
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -83,22 +88,38 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     out.mkdir(parents=True, exist_ok=True)
     plots = {
         "Training success per task type": _plot_lines(
-            _series(history, "train/success/"), "rollout success", "success %", out / "success.png", True),
+            _series(history, "train/success/"), "rollout success", "success %", out / "success.png", True
+        ),
         "Success per task type, before and after RL": _plot_before_after(
-            host.get("eval", {}).get("before", {}), host.get("eval", {}).get("after", {}), out / "before_after.png"),
+            host.get("eval", {}).get("before", {}),
+            host.get("eval", {}).get("after", {}),
+            out / "before_after.png",
+        ),
         "Failure types over time (AIW analyses)": _plot_stacked(
-            _series(history, "aiw/fail/"), "failures by type", "failed episodes", out / "failure_types.png"),
+            _series(history, "aiw/fail/"), "failures by type", "failed episodes", out / "failure_types.png"
+        ),
         "Task-sampling distribution over task types (AIW)": _plot_stacked(
-            _series(history, "aiw/share/"), "sampling probability by task type", "probability",
-            out / "sampling.png"),
+            _series(history, "aiw/share/"),
+            "sampling probability by task type",
+            "probability",
+            out / "sampling.png",
+        ),
         "WIA prediction accuracy": _plot_lines(
             {k: v for k, v in _series(history, "wia/").items() if k.startswith("lms")},
-            "LMS similarity of predictions", "LMS", out / "wia.png"),
+            "LMS similarity of predictions",
+            "LMS",
+            out / "wia.png",
+        ),
     }
     lines = [f"# Run report: {config.algo}", "", f"workdir: `{workdir}`", ""]
     ev = host.get("eval", {})
     if ev:
-        lines += ["## Evaluation (success %)", "", "| split | task type | before RL | after RL |", "|---|---|---|---|"]
+        lines += [
+            "## Evaluation (success %)",
+            "",
+            "| split | task type | before RL | after RL |",
+            "|---|---|---|---|",
+        ]
         for split in sorted(set(ev.get("before", {})) | set(ev.get("after", {}))):
             b, a = ev.get("before", {}).get(split, {}), ev.get("after", {}).get(split, {})
             for t in [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]:

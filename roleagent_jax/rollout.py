@@ -130,8 +130,12 @@ def collect(
         requests = []
         for i in agent_slots:
             text = build_agent_prompt(
-                trajs[i].goal, history[i][-settings.history_k :] if settings.history_k else [],
-                obs[i], admissible[i], t, k=settings.history_k,
+                trajs[i].goal,
+                history[i][-settings.history_k :] if settings.history_k else [],
+                obs[i],
+                admissible[i],
+                t,
+                k=settings.history_k,
             )
             requests.append(
                 SampleRequest(
@@ -176,8 +180,14 @@ def collect(
             failed = bool(info.get("env_failed", False))
             done = bool(done) or failed or t + 1 >= settings.max_steps
             step = Step(
-                observation=obs[i], admissible=admissible[i], response=res.text, action=action,
-                valid=valid, reward=float(reward), next_observation=next_obs, done=done,
+                observation=obs[i],
+                admissible=admissible[i],
+                response=res.text,
+                action=action,
+                valid=valid,
+                reward=float(reward),
+                next_observation=next_obs,
+                done=done,
             )
             trajs[i].steps.append(step)
             rows.append(
@@ -185,16 +195,24 @@ def collect(
                     prompt_ids=requests[agent_slots.index(i)].prompt_ids,
                     response_ids=list(res.token_ids),
                     logprobs=list(res.logprobs),
-                    traj_id=i, group_id=trajs[i].group_id, task_id=trajs[i].task_id, step_index=t,
+                    traj_id=i,
+                    group_id=trajs[i].group_id,
+                    task_id=trajs[i].task_id,
+                    step_index=t,
                     anchor_hash=hash_anchor(anchors[i]),
-                    reward=float(reward), valid=valid, done=done,
+                    reward=float(reward),
+                    valid=valid,
+                    done=done,
                 )
             )
             chosen = wia.prediction_mask(seed, iteration, [i], t, settings.wia_fraction)[0]
             if settings.wia_mode == "separate" and chosen:
                 text = wia.build_predictor_prompt(
-                    trajs[i].goal, history[i][-settings.history_k :] if settings.history_k else [],
-                    obs[i], actions[i], settings.wia_horizon,
+                    trajs[i].goal,
+                    history[i][-settings.history_k :] if settings.history_k else [],
+                    obs[i],
+                    actions[i],
+                    settings.wia_horizon,
                 )
                 pending.append((i, t, encode(text)))
             history[i].append((obs[i], actions[i]))

@@ -20,9 +20,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
@@ -43,7 +41,9 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, user: str, system: str | None = None) -> str:
     """Render one user turn (and optional system turn) as a generation prompt with the chat template."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
@@ -73,7 +73,9 @@ def train_bpe_tokenizer(
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if vocab_size < 300:
-        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE (needs > 256 + specials)")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a byte-level BPE (needs > 256 + specials)"
+        )
     bpe = Tokenizer(models.BPE())
     # Qwen2's own pipeline: `transformers` rebuilds exactly this for any directory whose config.json says
     # model_type "qwen2", so training with it keeps encodings identical however the tokenizer is loaded.

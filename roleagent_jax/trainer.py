@@ -54,9 +54,12 @@ def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) 
 
     def generate() -> TaskPool:
         return TaskPool.generated(
-            Path(g.dir or workdir / "games") / f"{purpose}_{split}", n=n, seed=seed,
+            Path(g.dir or workdir / "games") / f"{purpose}_{split}",
+            n=n,
+            seed=seed,
             pool="seen" if split == "gen_seen" else "unseen",
-            num_receptacles=g.num_receptacles, num_objects=g.num_objects,
+            num_receptacles=g.num_receptacles,
+            num_objects=g.num_objects,
         )
 
     pool = generate() if distributed.is_main_process() else None
@@ -85,36 +88,62 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = RolloutSettings(
-            max_steps=c.env.max_steps, history_k=c.env.history_k,
-            max_prompt_tokens=c.rollout.max_prompt_tokens, max_response_tokens=c.rollout.max_response_tokens,
-            wia_mode=c.wia.mode, wia_horizon=c.wia.horizon, wia_fraction=c.wia.fraction,
+            max_steps=c.env.max_steps,
+            history_k=c.env.history_k,
+            max_prompt_tokens=c.rollout.max_prompt_tokens,
+            max_response_tokens=c.rollout.max_response_tokens,
+            wia_mode=c.wia.mode,
+            wia_horizon=c.wia.horizon,
+            wia_fraction=c.wia.fraction,
             wia_max_tokens=c.wia.max_tokens,
         )
         self.train_pool = make_task_pool(c, c.env.train_split, self.workdir, "train")
-        self.envs = EnvPool(self.train_pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout,
-                            max_steps=c.env.max_steps)
+        self.envs = EnvPool(
+            self.train_pool,
+            num_workers=c.env.num_workers,
+            step_timeout=c.env.step_timeout,
+            max_steps=c.env.max_steps,
+        )
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
         self.model, self.model_config, self.tokenizer = self._build_model(resuming)
         self.graphdef, params = nnx.split(self.model)
         self.pad_id = self.tokenizer.pad_token_id
-        self.sampler = Sampler(self.graphdef, self.model_config, self.tokenizer, self.mesh,
-                               eos_ids=eos_ids(self.tokenizer))
-        self.optimizer = make_optimizer(c.optim.lr, weight_decay=c.optim.weight_decay,
-                                        grad_clip=c.optim.grad_clip, warmup_steps=c.optim.warmup_steps,
-                                        schedule=c.optim.schedule, total_steps=self._optimizer_steps())
-        loss_cfg = dict(clip_eps=c.loss.clip_eps, dual_clip=c.loss.dual_clip, kl_type=c.loss.kl_type,
-                        kl_coef=c.loss.kl_coef, entropy_coef=c.loss.entropy_coef, agg=c.loss.agg)
+        self.sampler = Sampler(
+            self.graphdef, self.model_config, self.tokenizer, self.mesh, eos_ids=eos_ids(self.tokenizer)
+        )
+        self.optimizer = make_optimizer(
+            c.optim.lr,
+            weight_decay=c.optim.weight_decay,
+            grad_clip=c.optim.grad_clip,
+            warmup_steps=c.optim.warmup_steps,
+            schedule=c.optim.schedule,
+            total_steps=self._optimizer_steps(),
+        )
+        loss_cfg = dict(
+            clip_eps=c.loss.clip_eps,
+            dual_clip=c.loss.dual_clip,
+            kl_type=c.loss.kl_type,
+            kl_coef=c.loss.kl_coef,
+            entropy_coef=c.loss.entropy_coef,
+            agg=c.loss.agg,
+        )
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
-        self.train_step = make_train_step(self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh,
-                                          micro_batches=micro, remat=c.model.remat)
+        self.train_step = make_train_step(
+            self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh, micro_batches=micro, remat=c.model.remat
+        )
         self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh, micro_batches=micro)
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
         n_tasks = len(self.train_pool)
         self.task_sampler = aiw.TaskSampler(
-            n_tasks, eta=c.aiw.eta, decay=c.aiw.decay, temperature=c.aiw.temperature,
-            epsilon=c.aiw.epsilon, cap=max(c.aiw.cap, 1.0 / n_tasks) if c.aiw.cap else None, seed=c.seed,
+            n_tasks,
+            eta=c.aiw.eta,
+            decay=c.aiw.decay,
+            temperature=c.aiw.temperature,
+            epsilon=c.aiw.epsilon,
+            cap=max(c.aiw.cap, 1.0 / n_tasks) if c.aiw.cap else None,
+            seed=c.seed,
         )
         # Every process computes the same AIW state from the same trajectories; each keeps its own file.
         name = "failure_memory.jsonl" if self.is_main else f"failure_memory.p{jax.process_index()}.jsonl"
@@ -129,9 +158,15 @@ class Trainer:
             history = self._restore()
             warm_dir = self.workdir / "hf_warmstart"
             if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
-                self.ref_params = nnx.split(load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0])[1]
-        self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
-                                   history=history, write=self.is_main)
+                self.ref_params = nnx.split(
+                    load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0]
+                )[1]
+        self.logger = MetricLogger(
+            self.workdir / "logs",
+            tensorboard=c.log.tensorboard and self.is_main,
+            history=history,
+            write=self.is_main,
+        )
 
     # ------------------------------------------------------------------ set-up
 
@@ -153,9 +188,16 @@ class Trainer:
             return model, mcfg, load_tokenizer(init_dir)
         tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else self._train_tokenizer()
         mcfg = Qwen2Config.from_hf(
-            dict(c.model.init.to_dict(), vocab_size=len(tok), model_type="qwen2",
-                 architectures=["Qwen2ForCausalLM"], eos_token_id=tok.eos_token_id),
-            param_dtype=c.model.param_dtype, dtype=c.model.dtype, remat=c.model.remat,
+            dict(
+                c.model.init.to_dict(),
+                vocab_size=len(tok),
+                model_type="qwen2",
+                architectures=["Qwen2ForCausalLM"],
+                eos_token_id=tok.eos_token_id,
+            ),
+            param_dtype=c.model.param_dtype,
+            dtype=c.model.dtype,
+            remat=c.model.remat,
             scan_layers=c.model.scan_layers,
         )
         model = shard_model(Qwen2ForCausalLM(mcfg, rngs=nnx.Rngs(c.seed)), self.mesh)
@@ -167,8 +209,12 @@ class Trainer:
             n = self.config.warmstart.n_games or len(self.train_pool)
             ids = list(range(min(n, len(self.train_pool))))
             # The expert plays to the end even when RL episodes are cut shorter.
-            envs = EnvPool(self.train_pool, num_workers=self.config.env.num_workers,
-                           step_timeout=self.config.env.step_timeout, max_steps=EXPERT_MAX_STEPS)
+            envs = EnvPool(
+                self.train_pool,
+                num_workers=self.config.env.num_workers,
+                step_timeout=self.config.env.step_timeout,
+                max_steps=EXPERT_MAX_STEPS,
+            )
             try:
                 self._experts = expert_episodes(envs, ids, EXPERT_MAX_STEPS)
             finally:
@@ -177,8 +223,13 @@ class Trainer:
 
     def _examples(self):
         c = self.config
-        return examples_from_episodes(self._expert_trajectories(), c.env.history_k, c.wia.horizon,
-                                      predictor=c.warmstart.predictor)
+        return examples_from_episodes(
+            self._expert_trajectories(),
+            c.env.history_k,
+            c.wia.horizon,
+            predictor=c.warmstart.predictor,
+            predictor_fraction=c.warmstart.predictor_fraction,
+        )
 
     def _train_tokenizer(self):
         """Fit a byte-level BPE to the text the model will read and write (expert-played games)."""
@@ -236,8 +287,9 @@ class Trainer:
         pool = self.train_pool if split == c.env.train_split and split not in GEN_SPLITS else None
         pool = pool or make_task_pool(c, split, self.workdir, "eval")
         ids = list(range(len(pool)))[: limit or None]
-        envs = EnvPool(pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout,
-                       max_steps=c.env.max_steps)
+        envs = EnvPool(
+            pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout, max_steps=c.env.max_steps
+        )
         try:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
@@ -255,15 +307,24 @@ class Trainer:
             return
         examples = self._examples()
         params, losses = run_sft(
-            self.graphdef, self.state.params, examples, self.encode_prompt, self.encode_target, self.pad_id,
-            steps=c.warmstart.steps, batch_rows=c.warmstart.batch_rows, lr=c.warmstart.lr, seed=c.seed,
+            self.graphdef,
+            self.state.params,
+            examples,
+            self.encode_prompt,
+            self.encode_target,
+            self.pad_id,
+            steps=c.warmstart.steps,
+            batch_rows=c.warmstart.batch_rows,
+            lr=c.warmstart.lr,
+            seed=c.seed,
             progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
         )
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params
         save_pretrained(  # the KL reference of a resumed run
-            nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer)
+            nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
+        )
         if self.is_main:
             self._write_prompt_settings(self.workdir / "hf_warmstart")
         self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
@@ -278,9 +339,19 @@ class Trainer:
         task_ids = np.repeat(tasks, G)
         group_ids = np.repeat(np.arange(B), G)
         key = jax.random.fold_in(self.state.rng, it)
-        sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k)
-        result = collect(self.generate_fn(self.state.params, sampling, key), self.envs, task_ids.tolist(),
-                         group_ids.tolist(), self.tokenizer, self.settings, seed=c.seed, iteration=it)
+        sampling = SamplingParams(
+            temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k
+        )
+        result = collect(
+            self.generate_fn(self.state.params, sampling, key),
+            self.envs,
+            task_ids.tolist(),
+            group_ids.tolist(),
+            self.tokenizer,
+            self.settings,
+            seed=c.seed,
+            iteration=it,
+        )
         t_rollout = time.perf_counter() - t0
         metrics: dict[str, float] = {}
         rows = result.rows
@@ -291,14 +362,22 @@ class Trainer:
             metrics.update(wia_metrics)
         t_wia = time.perf_counter() - t1
         t1 = time.perf_counter()
-        adv = np.asarray(gigpo_advantages(
-            np.array([r.reward for r in rows], np.float32), np.array([r.traj_id for r in rows]),
-            np.array([r.group_id for r in rows]), np.array([r.step_index for r in rows]),
-            np.array([r.anchor_hash for r in rows], np.uint64), np.array([r.valid for r in rows]),
-            gamma=c.advantage.gamma, omega=c.advantage.omega, mode=c.advantage.mode,
-            invalid_penalty=c.advantage.invalid_penalty, step_level=c.advantage.step_level,
-            return_multiplier=multiplier,
-        ))
+        adv = np.asarray(
+            gigpo_advantages(
+                np.array([r.reward for r in rows], np.float32),
+                np.array([r.traj_id for r in rows]),
+                np.array([r.group_id for r in rows]),
+                np.array([r.step_index for r in rows]),
+                np.array([r.anchor_hash for r in rows], np.uint64),
+                np.array([r.valid for r in rows]),
+                gamma=c.advantage.gamma,
+                omega=c.advantage.omega,
+                mode=c.advantage.mode,
+                invalid_penalty=c.advantage.invalid_penalty,
+                step_level=c.advantage.step_level,
+                return_multiplier=multiplier,
+            )
+        )
         t_adv = time.perf_counter() - t1
         t1 = time.perf_counter()
         update_metrics = self._update(rows, adv, it)
@@ -312,20 +391,28 @@ class Trainer:
         metrics.update({f"train/success/{k}": v for k, v in succ.items()})
         metrics.update(update_metrics)
         episode_len = [len(t.steps) for t in result.trajectories]
-        metrics.update({
-            "train/return": float(np.mean([t.total_reward for t in result.trajectories])),
-            "train/episode_len": float(np.mean(episode_len)),
-            "train/valid_rate": float(np.mean([r.valid for r in rows])) if rows else 0.0,
-            "train/rows": len(rows),
-            "train/adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
-            "train/env_failed": float(np.sum([t.env_failed for t in result.trajectories])),
-            "rollout/sampler_calls": result.stats["sampler_calls"],
-            "rollout/tokens_per_s": result.stats["generated_tokens"] / max(result.stats["time_generate"], 1e-9),
-            "rollout/prompts_truncated": result.stats["prompts_truncated"],
-            "time/rollout": t_rollout, "time/generate": result.stats["time_generate"],
-            "time/env": result.stats["time_env"], "time/wia": t_wia, "time/advantages": t_adv,
-            "time/update": t_update, "time/aiw": t_aiw, "time/iteration": time.perf_counter() - t0,
-        })
+        metrics.update(
+            {
+                "train/return": float(np.mean([t.total_reward for t in result.trajectories])),
+                "train/episode_len": float(np.mean(episode_len)),
+                "train/valid_rate": float(np.mean([r.valid for r in rows])) if rows else 0.0,
+                "train/rows": len(rows),
+                "train/adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+                "train/env_failed": float(np.sum([t.env_failed for t in result.trajectories])),
+                "rollout/sampler_calls": result.stats["sampler_calls"],
+                "rollout/tokens_per_s": result.stats["generated_tokens"]
+                / max(result.stats["time_generate"], 1e-9),
+                "rollout/prompts_truncated": result.stats["prompts_truncated"],
+                "time/rollout": t_rollout,
+                "time/generate": result.stats["time_generate"],
+                "time/env": result.stats["time_env"],
+                "time/wia": t_wia,
+                "time/advantages": t_adv,
+                "time/update": t_update,
+                "time/aiw": t_aiw,
+                "time/iteration": time.perf_counter() - t0,
+            }
+        )
         probs = self.task_sampler.probs()
         for ttype in sorted(set(self.train_pool.task_types)):
             mask = np.array([t == ttype for t in self.train_pool.task_types])
@@ -337,10 +424,15 @@ class Trainer:
         failed = [t for t in trajs if not t.won]
         texts = None
         if c.aiw.analyser == "llm" and failed:
-            gen = self.generate_fn(self.state.params, SamplingParams(temperature=0.4),
-                                   jax.random.fold_in(self.state.rng, 10_000 + it))
-            texts = [r.text for r in gen([aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens)
-                                          for t in failed])]
+            gen = self.generate_fn(
+                self.state.params,
+                SamplingParams(temperature=0.4),
+                jax.random.fold_in(self.state.rng, 10_000 + it),
+            )
+            texts = [
+                r.text
+                for r in gen([aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens) for t in failed])
+            ]
         reports = aiw.analyse_failures(failed, texts, max_steps=c.env.max_steps)
         return aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
 
@@ -349,8 +441,13 @@ class Trainer:
         c = self.config
         if not rows:
             return {}
-        packed = pack_rows([r.prompt_ids for r in rows], [r.response_ids for r in rows], self.pad_id,
-                           max_prompt=c.rollout.max_prompt_tokens, max_response=c.rollout.max_response_tokens)
+        packed = pack_rows(
+            [r.prompt_ids for r in rows],
+            [r.response_ids for r in rows],
+            self.pad_id,
+            max_prompt=c.rollout.max_prompt_tokens,
+            max_response=c.rollout.max_response_tokens,
+        )
         n, mb = len(rows), c.train.mini_batch_rows
         rng = np.random.default_rng([c.seed, it])
         sums: dict[str, list[float]] = defaultdict(list)
@@ -361,13 +458,14 @@ class Trainer:
                 pad = mb - len(idx)
                 idx_full = np.concatenate([idx, np.full(pad, idx[0])])
                 batch = {k: v[idx_full] for k, v in packed.items()}
-                batch["loss_mask"][len(idx):] = 0
+                batch["loss_mask"][len(idx) :] = 0
                 batch["advantages"] = adv[idx_full].astype(np.float32)
                 batch = {k: jnp.asarray(v) for k, v in batch.items()}
                 batch["old_logprobs"] = self.logprob_fn(self.state.params, batch)
                 ref = self.ref_params if self.ref_params is not None else self.state.params
-                batch["ref_logprobs"] = self.logprob_fn(ref, batch) if self.ref_params is not None \
-                    else batch["old_logprobs"]
+                batch["ref_logprobs"] = (
+                    self.logprob_fn(ref, batch) if self.ref_params is not None else batch["old_logprobs"]
+                )
                 self.state, m = self.train_step(self.state, batch)
                 for k, v in m.items():
                     sums[f"update/{k}"].append(float(v))
@@ -383,8 +481,13 @@ class Trainer:
             self._print_eval("before RL", self.host["eval"]["before"])
             self.save()
         start = int(self.host["iteration"])
-        bar = tqdm(range(start, c.iterations), desc=f"RL ({c.algo})", disable=not c.log.progress,
-                   initial=start, total=c.iterations)
+        bar = tqdm(
+            range(start, c.iterations),
+            desc=f"RL ({c.algo})",
+            disable=not c.log.progress,
+            initial=start,
+            total=c.iterations,
+        )
         for it in bar:
             metrics = self.iteration(it)
             if c.eval.every and (it + 1) % c.eval.every == 0 and it + 1 < c.iterations:
@@ -393,7 +496,9 @@ class Trainer:
                         metrics[f"eval/{split}/{k}"] = v
             self.host["iteration"] = it + 1
             self.logger.log(it + 1, metrics, echo=not c.log.progress)
-            bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")
+            bar.set_postfix(
+                success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}"
+            )
             if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
                 self.save()
         if c.iterations == 0 and "before" in self.host["eval"]:
@@ -412,8 +517,12 @@ class Trainer:
         save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
         if self.is_main:
             self._write_prompt_settings(final_dir)
-        summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
-                   "final_model": str(final_dir)}
+        summary = {
+            "workdir": str(self.workdir),
+            "algo": self.config.algo,
+            "eval": self.host["eval"],
+            "final_model": str(final_dir),
+        }
         if self.is_main:
             report = write_report(self.workdir, self.config, self.logger.history, self.host, self.aiw_state)
             summary["report"] = str(report)
@@ -422,8 +531,12 @@ class Trainer:
 
     def _write_prompt_settings(self, directory: Path) -> None:
         c = self.config
-        write_prompt_settings(directory, history_k=c.env.history_k, max_prompt_tokens=c.rollout.max_prompt_tokens,
-                              max_response_tokens=c.rollout.max_response_tokens)
+        write_prompt_settings(
+            directory,
+            history_k=c.env.history_k,
+            max_prompt_tokens=c.rollout.max_prompt_tokens,
+            max_response_tokens=c.rollout.max_response_tokens,
+        )
 
     def close(self) -> None:
         self.ckpt.close()

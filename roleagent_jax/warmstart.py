@@ -48,8 +48,16 @@ def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Traje
         for i in active:
             next_obs, reward, done, info = outcomes[i]
             trajs[i].steps.append(
-                Step(obs[i], list(infos[i].get("admissible_commands", [])), f"<action>{actions[i]}</action>",
-                     actions[i], True, float(reward), next_obs, bool(done))
+                Step(
+                    obs[i],
+                    list(infos[i].get("admissible_commands", [])),
+                    f"<action>{actions[i]}</action>",
+                    actions[i],
+                    True,
+                    float(reward),
+                    next_obs,
+                    bool(done),
+                )
             )
             trajs[i].won = trajs[i].won or bool(info.get("won"))
             obs[i], infos[i] = next_obs, info
@@ -60,10 +68,19 @@ def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Traje
 
 
 def examples_from_episodes(
-    trajs: Sequence[Trajectory], history_k: int, horizon: int, predictor: bool
+    trajs: Sequence[Trajectory],
+    history_k: int,
+    horizon: int,
+    predictor: bool,
+    predictor_fraction: float = 1.0,
 ) -> list[Example]:
-    """Agent examples (prompt -> <action>a</action>) and predictor examples (-> the next H replies)."""
+    """Agent examples (prompt -> <action>a</action>) and predictor examples (-> the next H replies).
+
+    `predictor_fraction` keeps that share of the predictor examples (a fixed, evenly spread subset): their
+    long targets would otherwise take most of a tiny model's capacity away from acting.
+    """
     out = []
+    kept = 0.0
     for traj in trajs:
         if not traj.won:
             continue
@@ -72,9 +89,13 @@ def examples_from_episodes(
             recent = history[-history_k:] if history_k else []
             prompt = build_agent_prompt(traj.goal, recent, step.observation, step.admissible, t, k=history_k)
             out.append(Example(prompt, f"<action>{step.action}</action>", "agent"))
-            if predictor:
+            kept += predictor_fraction
+            if predictor and kept >= 1.0:
+                kept -= 1.0
                 future = [s.next_observation for s in traj.steps[t : t + horizon]]
-                p_prompt = wia.build_predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
+                p_prompt = wia.build_predictor_prompt(
+                    traj.goal, recent, step.observation, step.action, horizon
+                )
                 out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
             history.append((step.observation, step.action))
     return out
@@ -117,7 +138,9 @@ def run_sft(
     """Adam on the examples for `steps` steps; returns (params, per-step losses)."""
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps)))
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps))
+    )
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(graphdef, optimizer)
     prompts = [encode_prompt(e.prompt) for e in examples]

@@ -26,5 +26,7 @@ def shared_alfworld_dir() -> Path | None:
 def alfworld_data() -> Path:
     path = shared_alfworld_dir()
     if path is None:
-        pytest.skip("real ALFWorld games not found: set $ALFWORLD_DATA or place them in ../shared/data/alfworld")
+        pytest.skip(
+            "real ALFWorld games not found: set $ALFWORLD_DATA or place them in ../shared/data/alfworld"
+        )
     return path

@@ -32,7 +32,13 @@ class ScriptedModel:
     """Agent rows follow the expert plan; predictor rows answer with the observation that really came."""
 
     def __init__(self, spy, perfect_predictor=True):
-        self.spy, self.perfect, self.calls, self.mixed_calls, self.expected_slots = spy, perfect_predictor, 0, 0, []
+        self.spy, self.perfect, self.calls, self.mixed_calls, self.expected_slots = (
+            spy,
+            perfect_predictor,
+            0,
+            0,
+            [],
+        )
 
     def __call__(self, requests):
         self.calls += 1
@@ -58,7 +64,9 @@ class ScriptedModel:
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
     pool = TaskPool.generated(root / "games", n=4, seed=3, pool="seen", num_receptacles=4, num_objects=2)
-    tok = train_bpe_tokenizer(["You arrive at cabinet 1. <action>go to fridge 1</action>"] * 10, 300, root / "tok")
+    tok = train_bpe_tokenizer(
+        ["You arrive at cabinet 1. <action>go to fridge 1</action>"] * 10, 300, root / "tok"
+    )
     envs = EnvPool(pool, num_workers=2, max_steps=20, expert_plan=True)
     yield pool, tok, envs
     envs.close()
@@ -82,8 +90,15 @@ def run(setup, mode, perfect=True):
         return out
 
     spy.step = step
-    settings = RolloutSettings(max_steps=20, history_k=2, max_prompt_tokens=4096, max_response_tokens=32,
-                               wia_mode=mode, wia_horizon=1, wia_fraction=1.0)
+    settings = RolloutSettings(
+        max_steps=20,
+        history_k=2,
+        max_prompt_tokens=4096,
+        max_response_tokens=32,
+        wia_mode=mode,
+        wia_horizon=1,
+        wia_fraction=1.0,
+    )
     task_ids = [0, 0, 1, 1, 2, 2, 3, 3]
     result = collect(generate, spy, task_ids, [0, 0, 1, 1, 2, 2, 3, 3], tok, settings)
     return result, model

@@ -96,8 +96,15 @@ def cli(workdir: Path, *overrides: str) -> list[str]:
         "--config.warmstart.steps=2", "--config.warmstart.batch_rows=4", "--config.warmstart.n_games=4",
         "--config.train.mini_batch_rows=8", "--config.train.micro_batch_rows=4",
     ]  # fmt: skip
-    return [sys.executable, "-m", "roleagent_jax.main", f"--config={ROOT / 'configs' / 'demo.py'}",
-            f"--config.workdir={workdir}", *small, *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "roleagent_jax.main",
+        f"--config={ROOT / 'configs' / 'demo.py'}",
+        f"--config.workdir={workdir}",
+        *small,
+        *overrides,
+    ]
 
 
 def env():
@@ -108,8 +115,14 @@ def env():
 
 def test_demo_cli_end_to_end(tmp_path):
     """The shortened demo: warm start, evaluation before/after, one RL iteration, report, HF export."""
-    out = subprocess.run(cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"),
-                         capture_output=True, text=True, cwd=ROOT, env=env(), timeout=900)
+    out = subprocess.run(
+        cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary["eval"]) == {"before", "after"}
@@ -128,20 +141,46 @@ def test_demo_cli_end_to_end(tmp_path):
 
     data = shared_alfworld_dir()
     split = ["--split=valid_seen", f"--data={data}"] if data else ["--split=gen_unseen", "--gen-n=2"]
-    ev = subprocess.run([sys.executable, "-m", "roleagent_jax.evaluate", f"--checkpoint={summary['final_model']}",
-                         *split, "--limit=3", "--max-steps=3", f"--gen-dir={tmp_path / 'g'}"],
-                        capture_output=True, text=True, cwd=ROOT, env=env(), timeout=600)
+    ev = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "roleagent_jax.evaluate",
+            f"--checkpoint={summary['final_model']}",
+            *split,
+            "--limit=3",
+            "--max-steps=3",
+            f"--gen-dir={tmp_path / 'g'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        timeout=600,
+    )
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout.strip().splitlines()[-1])
     assert result["n"] == 3 and 0.0 <= result["success"] <= 1.0 and result["per_type"]
 
 
 def test_cli_rejects_bad_values(tmp_path):
-    out = subprocess.run(cli(tmp_path / "bad", "--config.advantage.mode=zscore"), capture_output=True,
-                         text=True, cwd=ROOT, env=env(), timeout=300)
+    out = subprocess.run(
+        cli(tmp_path / "bad", "--config.advantage.mode=zscore"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        timeout=300,
+    )
     assert out.returncode != 0 and "advantage.mode='zscore'" in out.stderr
-    out = subprocess.run(cli(tmp_path / "bad", "--config.no_such_key=1"), capture_output=True, text=True,
-                         cwd=ROOT, env=env(), timeout=300)
+    out = subprocess.run(
+        cli(tmp_path / "bad", "--config.no_such_key=1"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        timeout=300,
+    )
     assert out.returncode != 0 and "no_such_key" in out.stderr
 
 
@@ -149,19 +188,31 @@ def test_cli_rejects_bad_values(tmp_path):
 def test_killed_run_resumes_exactly(tmp_path):
     """SIGKILL a real training process after its second checkpoint; the resumed run ends where an
     uninterrupted one does."""
-    args = ["--config.iterations=4", "--config.checkpoint.every=1", "--config.env.eval_splits=()",
-            "--config.log.progress=false", "--config.log.tensorboard=false"]
+    args = [
+        "--config.iterations=4",
+        "--config.checkpoint.every=1",
+        "--config.env.eval_splits=()",
+        "--config.log.progress=false",
+        "--config.log.tensorboard=false",
+    ]
     ref = subprocess.run(cli(tmp_path / "ref", *args), capture_output=True, text=True, cwd=ROOT, env=env())
     assert ref.returncode == 0, ref.stderr[-3000:]
-    proc = subprocess.Popen(cli(tmp_path / "killed", *args), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cli(tmp_path / "killed", *args),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ckpt = tmp_path / "killed" / "checkpoints"
     deadline = time.time() + 900
     while time.time() < deadline and not (ckpt / "2").is_dir():
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    resumed = subprocess.run(cli(tmp_path / "killed", *args), capture_output=True, text=True, cwd=ROOT, env=env())
+    resumed = subprocess.run(
+        cli(tmp_path / "killed", *args), capture_output=True, text=True, cwd=ROOT, env=env()
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     a = (tmp_path / "ref" / "hf_final" / "model.safetensors").read_bytes()
