@@ -26,38 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-BENCH_CONFIG = dict(
-    vocab_size=8192,
-    hidden_size=512,
-    intermediate_size=1408,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    tie_word_embeddings=False,
-    max_position_embeddings=4096,
-)
+from benchmarks.common import BENCH_QWEN2, matmul_flops_per_s  # noqa: E402
 
-
-def matmul_flops_per_s(n: int = 2048, repeats: int = 8) -> float:
-    """FLOP/s of a large fp32 matmul under XLA: the machine's practical compute limit."""
-    try:
-        from benchmarks.common import matmul_flops_per_s as shared
-    except ImportError:
-        shared = None
-    if shared is not None:
-        return float(shared())
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+BENCH_CONFIG = {**BENCH_QWEN2, "max_position_embeddings": 4096}
 
 
 def generation_flops(cfg: dict, batch: int, prompt: int, new: int) -> float:

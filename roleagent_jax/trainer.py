@@ -437,7 +437,11 @@ class Trainer:
         return aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
-        """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile)."""
+        """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile).
+
+        Old-policy (and reference) log-probs are computed for every row before the first update, so
+        the ratio of later mini-batches measures how far the policy has moved in this iteration.
+        """
         c = self.config
         if not rows:
             return {}
@@ -449,23 +453,31 @@ class Trainer:
             max_response=c.rollout.max_response_tokens,
         )
         n, mb = len(rows), c.train.mini_batch_rows
+        padded = -(-n // mb) * mb
+        fill = np.concatenate([np.arange(n), np.zeros(padded - n, np.int64)])
+        packed = {k: v[fill] for k, v in packed.items()}
+        packed["loss_mask"][n:] = 0  # padding rows repeat row 0 but weigh nothing
+        packed["advantages"] = adv[fill].astype(np.float32)
+        model_keys = ("input_ids", "attention_mask", "positions", "loss_mask")
+
+        def logprobs(params) -> np.ndarray:
+            chunks = []
+            for start in range(0, padded, mb):
+                chunk = {k: jnp.asarray(packed[k][start : start + mb]) for k in model_keys}
+                chunks.append(distributed.fetch(self.logprob_fn(params, chunk)))
+            return np.concatenate(chunks)
+
+        packed["old_logprobs"] = logprobs(self.state.params)
+        packed["ref_logprobs"] = (
+            logprobs(self.ref_params) if self.ref_params is not None else packed["old_logprobs"]
+        )
         rng = np.random.default_rng([c.seed, it])
         sums: dict[str, list[float]] = defaultdict(list)
         for _ in range(c.train.ppo_epochs):
-            order = rng.permutation(n)
-            for start in range(0, n, mb):
+            order = np.concatenate([rng.permutation(n), np.arange(n, padded)])
+            for start in range(0, padded, mb):
                 idx = order[start : start + mb]
-                pad = mb - len(idx)
-                idx_full = np.concatenate([idx, np.full(pad, idx[0])])
-                batch = {k: v[idx_full] for k, v in packed.items()}
-                batch["loss_mask"][len(idx) :] = 0
-                batch["advantages"] = adv[idx_full].astype(np.float32)
-                batch = {k: jnp.asarray(v) for k, v in batch.items()}
-                batch["old_logprobs"] = self.logprob_fn(self.state.params, batch)
-                ref = self.ref_params if self.ref_params is not None else self.state.params
-                batch["ref_logprobs"] = (
-                    self.logprob_fn(ref, batch) if self.ref_params is not None else batch["old_logprobs"]
-                )
+                batch = {k: jnp.asarray(v[idx]) for k, v in packed.items()}
                 self.state, m = self.train_step(self.state, batch)
                 for k, v in m.items():
                     sums[f"update/{k}"].append(float(v))
