@@ -1,8 +1,10 @@
 """WIA's extra wall time per iteration: `roleagent` (WIA on, AIW off) against `gigpo`, same settings, same run.
 
-    python benchmarks/overhead.py [--iterations 3] [--aiw]
+    python benchmarks/overhead.py [--iterations 3] [--aiw] [--model runs/demo/hf_warmstart]
 
-Both runs start from the same warm-started demo model; the first iteration (compilation) is excluded.
+Both runs start from the same warm-started demo model (the demo's `hf_warmstart` when it exists, so the
+predictor writes realistic predictions; otherwise a short warm start each); the first iteration
+(compilation) is excluded.
 The paper reports 5.2% for WIA + AIW together. Last line: one JSON object.
 """
 
@@ -27,8 +29,13 @@ def demo_config():
     return module.get_config()
 
 
-def base_config(workdir: Path, iterations: int):
+def base_config(workdir: Path, iterations: int, model: str):
     c = demo_config()
+    if model:
+        c.model.path = model
+        c.warmstart.steps = 0
+    else:
+        c.warmstart.steps = 100
     c.workdir = str(workdir)
     c.iterations = iterations
     c.env.eval_splits = ()
@@ -60,11 +67,18 @@ def main() -> None:
     )
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--aiw", action="store_true", help="also turn AIW on for the roleagent run")
+    default_model = ROOT / "runs" / "demo" / "hf_warmstart"
+    parser.add_argument(
+        "--model",
+        default=str(default_model) if default_model.is_dir() else "",
+        help="warm-started Hugging Face directory to start from",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
         for algo in ("gigpo", "roleagent"):
-            c = base_config(Path(tmp) / algo, args.iterations + 1)
+            c = base_config(Path(tmp) / algo, args.iterations + 1, args.model)
+            c.env.gen.dir = str(Path(tmp) / "games")
             c.algo = algo
             c.aiw.enabled = args.aiw
             times = time_iterations(c)[1:]

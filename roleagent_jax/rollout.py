@@ -87,12 +87,31 @@ def collect(
     settings: RolloutSettings,
     seed: int = 0,
     iteration: int = 0,
+    slot_offset: int = 0,
+    gather: Callable[[list[SampleRequest]], list[list[SampleRequest]]] | None = None,
+    rank: int = 0,
 ) -> RolloutResult:
     """Play one episode in each env slot (slot i plays task_ids[i]) and return trajectories and rows.
 
     `generate` is one batched sampler call (weights and sampling settings bound by the caller), so tests
     can script the model. `envs` is an EnvPool with at least len(task_ids) slots.
+
+    Multi-host: each process plays its own slots (`slot_offset` = its first global slot, so trajectory
+    ids and WIA choices do not depend on the process count) and `gather` (an all-gather of every
+    process's requests) makes each sampler call one global batch, of which this process (`rank`) keeps
+    its part. The loop runs until no process has anything left to generate.
     """
+
+    def call(requests: list[SampleRequest]) -> list[SampleResult] | None:
+        if gather is None:
+            return generate(requests) if requests else None
+        parts = gather(requests)
+        flat = [r for part in parts for r in part]
+        if not flat:
+            return None
+        offset = sum(len(part) for part in parts[:rank])
+        return generate(flat)[offset : offset + len(requests)]
+
     n = len(task_ids)
     encode = Tokenize(tokenizer, settings.max_prompt_tokens)
     t_env = t_gen = 0.0
@@ -107,7 +126,7 @@ def collect(
                 task_type=info.get("task_type", ""),
                 goal=info.get("goal", ""),
                 group_id=int(group_ids[i]),
-                traj_id=i,
+                traj_id=slot_offset + i,
                 env_failed=bool(info.get("env_failed", False)),
             )
         )
@@ -117,15 +136,13 @@ def collect(
     active = [i for i in range(n) if not trajs[i].env_failed]
     history: list[list[tuple[str, str]]] = [[] for _ in range(n)]
     rows: list[Row] = []
-    predictions: dict[int, dict[int, list[str | None]]] = {i: {} for i in range(n)}
+    predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(n)}
     pending: list[tuple[int, int, list[int]]] = []  # (slot, step, predictor prompt ids)
     calls = generated_tokens = 0
     inline = settings.wia_mode == "inline"
     agent_stop = (INLINE_STOP,) if inline else (ACTION_STOP,)
 
     for t in range(settings.max_steps + 1):
-        if not active and not pending:
-            break
         agent_slots = active if t < settings.max_steps else []
         requests = []
         for i in agent_slots:
@@ -149,18 +166,18 @@ def collect(
             requests.append(
                 SampleRequest(ids, settings.wia_max_tokens, stop=(wia.PREDICT_STOP,), role="predictor")
             )
-        if not requests:
-            break
         start = time.perf_counter()
-        results = generate(requests)
+        results = call(requests)
+        if results is None:
+            break
         t_gen += time.perf_counter() - start
         calls += 1
         generated_tokens += sum(len(r.token_ids) for r in results)
         for (slot, step, _), res in zip(pending, results[len(agent_slots) :], strict=True):
-            predictions[slot][step] = wia.parse_predictions(res.text, settings.wia_horizon)
+            predictions[slot_offset + slot][step] = wia.parse_predictions(res.text, settings.wia_horizon)
         pending = []
         if not agent_slots:
-            break
+            continue
 
         actions, parsed = {}, {}
         for i, res in zip(agent_slots, results[: len(agent_slots)], strict=True):
@@ -168,7 +185,7 @@ def collect(
             parsed[i] = (action, valid, res)
             actions[i] = action if action is not None else res.text.strip()[:200] or "look"
             if inline:
-                predictions[i][t] = [wia.parse_inline_prediction(res.text)]
+                predictions[slot_offset + i][t] = [wia.parse_inline_prediction(res.text)]
         start = time.perf_counter()
         outcomes = envs.step(actions)
         t_env += time.perf_counter() - start
@@ -195,7 +212,7 @@ def collect(
                     prompt_ids=requests[agent_slots.index(i)].prompt_ids,
                     response_ids=list(res.token_ids),
                     logprobs=list(res.logprobs),
-                    traj_id=i,
+                    traj_id=slot_offset + i,
                     group_id=trajs[i].group_id,
                     task_id=trajs[i].task_id,
                     step_index=t,
@@ -205,7 +222,7 @@ def collect(
                     done=done,
                 )
             )
-            chosen = wia.prediction_mask(seed, iteration, [i], t, settings.wia_fraction)[0]
+            chosen = wia.prediction_mask(seed, iteration, [slot_offset + i], t, settings.wia_fraction)[0]
             if settings.wia_mode == "separate" and chosen:
                 text = wia.build_predictor_prompt(
                     trajs[i].goal,

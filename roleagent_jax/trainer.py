@@ -30,7 +30,7 @@ from roleagent_jax.envs import EnvPool, TaskPool
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.policy import write_prompt_settings
-from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
+from roleagent_jax.rollout import RolloutResult, RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import Sampler, SamplingParams
 from roleagent_jax.sharding import make_mesh, shard_model
 from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
@@ -294,10 +294,41 @@ class Trainer:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
             settings = RolloutSettings(**{**self.settings.__dict__, "wia_mode": "off"})
-            result = collect(gen, envs, ids, ids, self.tokenizer, settings, seed=c.seed)
+            result = self._collect(gen, envs, ids, ids, settings, 0)
         finally:
             envs.close()
         return success_by_type(result.trajectories)
+
+    def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
+        """Rollouts of all slots; with several processes each plays its share and the results are merged."""
+        if jax.process_count() == 1:
+            return collect(
+                generate,
+                envs,
+                task_ids,
+                group_ids,
+                self.tokenizer,
+                settings,
+                seed=self.config.seed,
+                iteration=it,
+            )
+        share = distributed.process_share(len(task_ids))
+        local = collect(
+            generate, envs, task_ids[share.start : share.stop], group_ids[share.start : share.stop],
+            self.tokenizer, settings, seed=self.config.seed, iteration=it, slot_offset=share.start,
+            gather=distributed.allgather_objects, rank=jax.process_index(),
+        )  # fmt: skip
+        parts = distributed.allgather_objects(local)
+        merged = RolloutResult([], [], {}, {})
+        for part in parts:
+            merged.trajectories += part.trajectories
+            merged.rows += part.rows
+            merged.predictions.update(part.predictions)
+            for k, v in part.stats.items():  # counts add up; times overlap, so the slowest process counts
+                merged.stats[k] = (
+                    max(merged.stats.get(k, 0), v) if k.startswith("time") else merged.stats.get(k, 0) + v
+                )
+        return merged
 
     # ------------------------------------------------------------------ phases
 
@@ -342,15 +373,13 @@ class Trainer:
         sampling = SamplingParams(
             temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k
         )
-        result = collect(
+        result = self._collect(
             self.generate_fn(self.state.params, sampling, key),
             self.envs,
             task_ids.tolist(),
             group_ids.tolist(),
-            self.tokenizer,
             self.settings,
-            seed=c.seed,
-            iteration=it,
+            it,
         )
         t_rollout = time.perf_counter() - t0
         metrics: dict[str, float] = {}
@@ -434,7 +463,10 @@ class Trainer:
                 for r in gen([aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens) for t in failed])
             ]
         reports = aiw.analyse_failures(failed, texts, max_steps=c.env.max_steps)
-        return aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
+        metrics = aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
+        if self.is_main:  # failure-type histogram and most boosted tasks of this round
+            tqdm.write(f"[iter {it + 1}] " + aiw.format_round(metrics, self.aiw_state.history[-1]))
+        return metrics
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
         """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile).
