@@ -10,6 +10,7 @@ orchestration between those calls, plus checkpoints, evaluation and logging. One
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -98,12 +99,7 @@ class Trainer:
             wia_max_tokens=c.wia.max_tokens,
         )
         self.train_pool = make_task_pool(c, c.env.train_split, self.workdir, "train")
-        self.envs = EnvPool(
-            self.train_pool,
-            num_workers=c.env.num_workers,
-            step_timeout=c.env.step_timeout,
-            max_steps=c.env.max_steps,
-        )
+        self.envs = self._env_pool(self.train_pool)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
         self.model, self.model_config, self.tokenizer = self._build_model(resuming)
@@ -120,17 +116,9 @@ class Trainer:
             schedule=c.optim.schedule,
             total_steps=self._optimizer_steps(),
         )
-        loss_cfg = dict(
-            clip_eps=c.loss.clip_eps,
-            dual_clip=c.loss.dual_clip,
-            kl_type=c.loss.kl_type,
-            kl_coef=c.loss.kl_coef,
-            entropy_coef=c.loss.entropy_coef,
-            agg=c.loss.agg,
-        )
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.train_step = make_train_step(
-            self.graphdef, self.optimizer, loss_cfg, mesh=self.mesh, micro_batches=micro, remat=c.model.remat
+            self.graphdef, self.optimizer, c.loss, mesh=self.mesh, micro_batches=micro, remat=c.model.remat
         )
         self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh, micro_batches=micro)
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
@@ -169,6 +157,11 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ set-up
+
+    def _env_pool(self, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
+        c = self.config.env
+        return EnvPool(pool, num_workers=c.num_workers, step_timeout=c.step_timeout,
+                       max_steps=max_steps or c.max_steps)  # fmt: skip
 
     def _optimizer_steps(self) -> int:
         """Upper bound of optimizer steps in the run (for the cosine schedule): full-length episodes."""
@@ -209,16 +202,8 @@ class Trainer:
             n = self.config.warmstart.n_games or len(self.train_pool)
             ids = list(range(min(n, len(self.train_pool))))
             # The expert plays to the end even when RL episodes are cut shorter.
-            envs = EnvPool(
-                self.train_pool,
-                num_workers=self.config.env.num_workers,
-                step_timeout=self.config.env.step_timeout,
-                max_steps=EXPERT_MAX_STEPS,
-            )
-            try:
+            with self._env_pool(self.train_pool, EXPERT_MAX_STEPS) as envs:
                 self._experts = expert_episodes(envs, ids, EXPERT_MAX_STEPS)
-            finally:
-                envs.close()
         return self._experts
 
     def _examples(self):
@@ -287,16 +272,11 @@ class Trainer:
         pool = self.train_pool if split == c.env.train_split and split not in GEN_SPLITS else None
         pool = pool or make_task_pool(c, split, self.workdir, "eval")
         ids = list(range(len(pool)))[: limit or None]
-        envs = EnvPool(
-            pool, num_workers=c.env.num_workers, step_timeout=c.env.step_timeout, max_steps=c.env.max_steps
-        )
-        try:
+        with self._env_pool(pool) as envs:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
-            settings = RolloutSettings(**{**self.settings.__dict__, "wia_mode": "off"})
+            settings = dataclasses.replace(self.settings, wia_mode="off")
             result = self._collect(gen, envs, ids, ids, settings, 0)
-        finally:
-            envs.close()
         return success_by_type(result.trajectories)
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
