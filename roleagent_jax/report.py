@@ -130,7 +130,7 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     if host.get("sft_losses"):
         losses = host["sft_losses"]
         lines += [f"Warm start loss: {losses[0]:.3f} -> {losses[-1]:.3f}", ""]
-    if aiw_state is not None and hasattr(aiw_state, "top_boosted"):
+    if aiw_state is not None:
         lines += ["## Most boosted tasks (AIW)", ""]
         lines += [f"- {row}" for row in aiw_state.top_boosted()]
         lines.append("")

@@ -191,7 +191,7 @@ def collect(
         t_env += time.perf_counter() - start
 
         still_active = []
-        for i in agent_slots:
+        for k, i in enumerate(agent_slots):
             action, valid, res = parsed[i]
             next_obs, reward, done, info = outcomes[i]
             failed = bool(info.get("env_failed", False))
@@ -209,7 +209,7 @@ def collect(
             trajs[i].steps.append(step)
             rows.append(
                 Row(
-                    prompt_ids=requests[agent_slots.index(i)].prompt_ids,
+                    prompt_ids=requests[k].prompt_ids,
                     response_ids=list(res.token_ids),
                     logprobs=list(res.logprobs),
                     traj_id=slot_offset + i,

@@ -422,10 +422,10 @@ class Trainer:
                 "time/iteration": time.perf_counter() - t0,
             }
         )
-        probs = self.task_sampler.probs()
-        for ttype in sorted(set(self.train_pool.task_types)):
-            mask = np.array([t == ttype for t in self.train_pool.task_types])
-            metrics[f"aiw/share/{ttype}"] = float(probs[mask].sum())
+        if not c.aiw.enabled:  # the AIW round reports the shares itself; without it they stay uniform
+            types, index = np.unique(self.train_pool.task_types, return_inverse=True)
+            shares = np.bincount(index, weights=self.task_sampler.probs(), minlength=len(types))
+            metrics.update({f"aiw/share/{t}": float(p) for t, p in zip(types, shares, strict=True)})
         return metrics
 
     def _aiw(self, trajs, it: int) -> dict:
