@@ -135,14 +135,14 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 
 def cache_sharding(mesh: Mesh, config: Any = None):
-    """KVCache of shardings: ``[layers, batch, slots, kv_heads, head_dim]`` with batch over
+    """KVCache of shardings: ``[layers, batch, kv_heads, slots, head_dim]`` with batch over
     ``(data, fsdp)`` and KV heads over ``tensor`` (replicated when ``config``'s KV heads do not divide)."""
     from roleagent_jax.models.qwen2 import KVCache
 
     heads = "tensor"
     if config is not None and config.num_key_value_heads % mesh.shape["tensor"]:
         heads = None
-    sharding = NamedSharding(mesh, P(None, BATCH_AXES, None, heads, None))
+    sharding = NamedSharding(mesh, P(None, BATCH_AXES, heads, None, None))
     return KVCache(sharding, sharding)
 
 

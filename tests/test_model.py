@@ -86,7 +86,7 @@ def test_decode_token_by_token_matches_forward(scan_layers, kv_heads):
         kv_mask[:, i] = mask[:, i].astype(bool)
         logits, cache = step(params, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), kv_mask)
         got.append(np.asarray(logits)[:, 0])
-    assert isinstance(cache, KVCache) and cache.k.shape == (2, b, slots, kv_heads, cfg.head_dim)
+    assert isinstance(cache, KVCache) and cache.k.shape == (2, b, kv_heads, slots, cfg.head_dim)
     assert max_diff_on_real(np.stack(got, 1), full, mask) < 1e-5
 
 

@@ -96,7 +96,7 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
     pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
     logits, cache = step(params, ids, pos, cache, jnp.int32(0), kv_mask)
     assert isinstance(cache, KVCache) and cache.k.sharding.spec == P(
-        None, ("data", "fsdp"), None, "tensor", None
+        None, ("data", "fsdp"), "tensor", None, None
     )
     assert max_diff_on_real(logits, forward(single, ids, mask), mask) <= 1e-5
 

@@ -23,7 +23,10 @@ _NEG = -1e30  # finite so fully-masked (padding) query rows give a uniform softm
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, ``[layers, batch, slots, kv_heads, head_dim]``."""
+    """Per-layer keys and values, ``[layers, batch, kv_heads, slots, head_dim]``.
+
+    Slots sit next to head_dim so that each (row, KV head) is one contiguous ``[slots, head_dim]`` matrix:
+    the decode step's attention reads it as a batched matmul operand with no relayout per layer."""
 
     k: jax.Array
     v: jax.Array
@@ -31,7 +34,7 @@ class KVCache(NamedTuple):
 
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An all-zero cache with ``max_len`` slots per row (compute dtype unless given)."""
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
     dt = jnp.dtype(dtype or config.dtype)
     return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
 
@@ -78,38 +81,39 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention without repeating K/V.
 
-    q ``[B, T, N, D]``, k/v ``[B, S, KV, D]``, mask bool ``[B, T, S]`` -> ``[B, T, N, D]``.
+    q ``[B, T, N, D]``, k/v ``[B, KV, S, D]`` (the cache layout), mask bool ``[B, T, S]`` -> ``[B, T, N, D]``.
     Query head ``h`` reads KV head ``h // (N // KV)``, matching the Hugging Face head order. The softmax
     normalisation is applied after mixing the values, on ``[B, T, N, D]`` instead of the larger
     ``[B, N, T, S]`` probabilities (one fewer pass over the biggest tensor, forward and backward).
     """
     b, t, n, d = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1]
     qg = q.reshape(b, t, kv, n // kv, d)
     if t <= _FEW_QUERIES:
-        # Decode steps: make the cache the dot's left operand, so XLA only regroups it by KV head
-        # (64-float runs) instead of fully transposing it; the scores transposed after are tiny.
-        dims = (((3,), (4,)), ((0, 2), (0, 2)))  # contract head_dim; batch over (B, KV)
+        # Decode steps: the cache is the dot's left operand in its stored layout (batch dims leading,
+        # [S, D] contiguous), so it is read once, unmoved; the scores transposed after are tiny.
+        dims = (((3,), (4,)), ((0, 1), (0, 2)))  # contract head_dim; batch over (B, KV)
         scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [B,KV,S,T,G]
         scores = jnp.transpose(scores, (0, 1, 4, 3, 2))
     else:
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None, :, :], scores * (1.0 / math.sqrt(d)), _NEG)
     top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))  # softmax is shift-invariant
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1)  # [B, KV, G, T]
     if t <= _FEW_QUERIES:
-        dims = (((4,), (1,)), ((0, 1), (0, 2)))  # contract slots; batch over (B, KV)
+        dims = (((4,), (2,)), ((0, 1), (0, 1)))  # contract slots; batch over (B, KV)
         out = jax.lax.dot_general(weights.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)
         out = jnp.transpose(out, (0, 3, 1, 2, 4))  # [B,KV,G,T,D] -> [B,T,KV,G,D]
     else:
-        out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
     return out.astype(q.dtype).reshape(b, t, n, d)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int) -> jax.Array:
-    """Causal self-attention over a full sequence, in query chunks of ``chunk`` rows.
+    """Causal self-attention over a full sequence (q ``[B, T, N, D]``, k/v ``[B, KV, T, D]``), in query
+    chunks of ``chunk`` rows.
 
     Chunk ``[s, e)`` only reads keys ``[0, e)``: the masked upper triangle is mostly never computed
     (about half the attention FLOPs at long lengths) and each chunk's scores stay cache-sized.
@@ -123,7 +127,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
         end = min(start + chunk, t)
         causal = jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :]
         mask = causal[None] & key_mask[:, None, :end]
-        outs.append(grouped_attention(q[:, start:end], k[:, :end], v[:, :end], mask))
+        outs.append(grouped_attention(q[:, start:end], k[:, :, :end], v[:, :, :end], mask))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
@@ -198,6 +202,7 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, key_mask: jax.Array) -> jax.Array:
         q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, D], the cache's layout
         x = x + self.attn.out(causal_attention(q, k, v, key_mask, self.attn.cfg.attention_chunk))
         return x + self.mlp(self.post_attn_norm(x))
 
@@ -214,9 +219,10 @@ class Block(nnx.Module):
         of the full cache (an in-place update of only the new slots) and attends over that layer."""
         q, k, v = self.attn.qkv(self.input_norm(x), positions)
         zero = jnp.zeros((), jnp.int32)
-        start = (jnp.asarray(layer, jnp.int32), zero, write_index, zero, zero)
-        ck = jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start)
-        cv = jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start)
+        start = (jnp.asarray(layer, jnp.int32), zero, zero, write_index, zero)
+        k, v = (jnp.swapaxes(a, 1, 2)[None] for a in (k, v))  # [1, B, KV, T, D]: only the new slots move
+        ck = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start)
+        cv = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start)
         attn = grouped_attention(q, ck[layer].astype(q.dtype), cv[layer].astype(q.dtype), mask)
         x = x + self.attn.out(attn)
         return x + self.mlp(self.post_attn_norm(x)), KVCache(ck, cv)
@@ -323,7 +329,7 @@ class Qwen2ForCausalLM(nnx.Module):
         """
         input_ids = jnp.asarray(input_ids, jnp.int32)
         t = input_ids.shape[1]
-        slots = cache.k.shape[2]
+        slots = cache.k.shape[3]
         write_index = jnp.asarray(write_index, jnp.int32)
         query_slot = write_index + jnp.arange(t, dtype=jnp.int32)
         causal = jnp.arange(slots, dtype=jnp.int32)[None, :] <= query_slot[:, None]
