@@ -115,6 +115,7 @@ def get_config() -> ConfigDict:
     c.warmstart.lr = 1e-3
     c.warmstart.batch_rows = 32
     c.warmstart.n_games = 0
+    c.warmstart.explore = 0.0  # share of expert steps played off-plan (DAgger-style recovery states)
     c.warmstart.predictor = True  # also teach the predictor role
     c.warmstart.predictor_fraction = 1.0  # share of expert steps that also give a predictor example
 

@@ -60,6 +60,7 @@ RANGES = (
     ("checkpoint.every", 0, None, True),
     ("checkpoint.keep", 1, None, True),
     ("warmstart.steps", 0, None, True),
+    ("warmstart.explore", 0.0, 0.9, True),
 )
 
 

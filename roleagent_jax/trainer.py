@@ -203,7 +203,9 @@ class Trainer:
             ids = list(range(min(n, len(self.train_pool))))
             # The expert plays to the end even when RL episodes are cut shorter.
             with self._env_pool(self.train_pool, EXPERT_MAX_STEPS) as envs:
-                self._experts = expert_episodes(envs, ids, EXPERT_MAX_STEPS)
+                self._experts = expert_episodes(
+                    envs, ids, EXPERT_MAX_STEPS, explore=self.config.warmstart.explore, seed=self.config.seed
+                )
         return self._experts
 
     def _examples(self):

@@ -30,8 +30,20 @@ class Example:
     role: str
 
 
-def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Trajectory]:
-    """Play each task once by following the engine's expert plan; returns the trajectories."""
+def expert_episodes(
+    envs, task_ids: Sequence[int], max_steps: int, explore: float = 0.0, seed: int = 0
+) -> list[Trajectory]:
+    """Play each task by following the engine's expert plan; returns the trajectories.
+
+    With `explore` > 0 the player leaves the plan on that share of steps (a random other admissible
+    command, or a repeat of its last command, which usually gets "Nothing happens.") and the engine
+    replans from wherever it ends up. Every step records the expert's command for the state actually
+    visited as its target (`response`) and the command played as `action`: imitation then also covers
+    the states a learner's own mistakes lead to, which pure expert play never shows (DAgger's point).
+    """
+    if not 0.0 <= explore < 1.0:
+        raise ValueError(f"explore must be in [0, 1), got {explore}")
+    rng = np.random.default_rng(seed)
     resets = envs.reset(list(task_ids), expert=True)
     trajs, obs, infos = [], [], []
     for tid, (o, info) in zip(task_ids, resets, strict=True):
@@ -42,7 +54,8 @@ def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Traje
     for _ in range(max_steps):
         if not active:
             break
-        actions = {i: infos[i]["expert_plan"][0] for i in active}
+        labels = {i: infos[i]["expert_plan"][0] for i in active}
+        actions = {i: _explore_action(rng, explore, labels[i], infos[i], trajs[i]) for i in active}
         outcomes = envs.step(actions)
         still = []
         for i in active:
@@ -51,7 +64,7 @@ def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Traje
                 Step(
                     obs[i],
                     list(infos[i].get("admissible_commands", [])),
-                    f"<action>{actions[i]}</action>",
+                    f"<action>{labels[i]}</action>",
                     actions[i],
                     True,
                     float(reward),
@@ -65,6 +78,17 @@ def expert_episodes(envs, task_ids: Sequence[int], max_steps: int) -> list[Traje
                 still.append(i)
         active = still
     return trajs
+
+
+def _explore_action(
+    rng: np.random.Generator, explore: float, label: str, info: dict, traj: Trajectory
+) -> str:
+    if explore == 0.0 or rng.random() >= explore:
+        return label
+    if traj.steps and rng.random() < 0.3:
+        return traj.steps[-1].action
+    others = [a for a in info.get("admissible_commands", []) if a != label and a != "help"]
+    return str(rng.choice(others)) if others else label
 
 
 def examples_from_episodes(
@@ -88,7 +112,7 @@ def examples_from_episodes(
         for t, step in enumerate(traj.steps):
             recent = history[-history_k:] if history_k else []
             prompt = build_agent_prompt(traj.goal, recent, step.observation, step.admissible, t, k=history_k)
-            out.append(Example(prompt, f"<action>{step.action}</action>", "agent"))
+            out.append(Example(prompt, step.response, "agent"))  # the expert's command for this state
             kept += predictor_fraction
             if predictor and kept >= 1.0:
                 kept -= 1.0
