@@ -45,6 +45,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _percent(value: float | None) -> str:
+    """A success rate as a right-aligned percentage; a dash where it was not measured."""
+    return f"{'-':>7s}" if value is None else f"{100 * value:6.1f}%"
+
+
 def print_summary(summary: dict) -> None:
     """The before/after success table (per eval split) and where the report and model are."""
     ev = summary.get("eval", {})
@@ -54,8 +59,7 @@ def print_summary(summary: dict) -> None:
         types = [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]
         print(f"\n{split}: success before -> after RL")
         for t in types:
-            bv, av = b.get(t, float("nan")), a.get(t, float("nan"))
-            print(f"  {t:34s} {100 * bv:6.1f}% -> {100 * av:6.1f}%")
+            print(f"  {t:34s} {_percent(b.get(t))} -> {_percent(a.get(t))}")
     if "report" in summary:
         print(f"\nreport: {summary['report']}")
     print(f"final model (Hugging Face format): {summary.get('final_model')}")
