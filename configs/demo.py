@@ -62,7 +62,8 @@ def get_config():
     c.aiw.cap = 0.1
 
     c.warmstart.steps = 500
-    c.warmstart.lr = 2e-3
+    c.warmstart.lr = 3e-3
+    c.warmstart.explore = 0.25  # off-plan expert steps: teaches recovery from the model's own mistakes
     c.warmstart.batch_rows = 32
     c.warmstart.n_games = 240
     c.warmstart.predictor_fraction = 0.3
