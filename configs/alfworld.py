@@ -30,6 +30,7 @@ def get_config():
     c.rollout.temperature = 1.0
     c.rollout.max_prompt_tokens = 2048
     c.rollout.max_response_tokens = 512
+    c.rollout.max_rows_per_call = 0
     c.advantage.gamma = 0.95
     c.advantage.omega = 1.0
     c.advantage.mode = "mean_std_norm"

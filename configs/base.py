@@ -63,6 +63,7 @@ def get_config() -> ConfigDict:
     c.rollout.top_k = 0
     c.rollout.max_prompt_tokens = 2048
     c.rollout.max_response_tokens = 512
+    c.rollout.max_rows_per_call = 0  # sampler rows per call (0 = up to 256); lower it when prefill OOMs
 
     c.advantage = ConfigDict()
     c.advantage.gamma = 0.95

@@ -29,6 +29,7 @@ RANGES = (
     ("rollout.top_k", 0, None, True),
     ("rollout.max_prompt_tokens", 16, None, True),
     ("rollout.max_response_tokens", 1, None, True),
+    ("rollout.max_rows_per_call", 0, None, True),
     ("env.max_steps", 1, None, True),
     ("env.history_k", 0, None, True),
     ("env.num_workers", 1, None, True),

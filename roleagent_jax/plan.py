@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.sampling.sampler import BATCH_BUCKETS
 from roleagent_jax.sharding import AXES, spec_for
 
 GIB = 1024**3
@@ -94,7 +95,7 @@ BUILTIN_MODELS: dict[str, dict] = {
 MODEL_NAMES = {"0.5b": "Qwen2.5-0.5B-Instruct", "1.5b": "Qwen2.5-1.5B-Instruct", "7b": "Qwen2.5-7B-Instruct"}
 
 # The sampler's default bucket sizes (sampling.Sampler): one call holds at most the largest batch bucket.
-SAMPLER_BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+SAMPLER_BATCH_BUCKETS = BATCH_BUCKETS
 SAMPLER_PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -168,8 +169,9 @@ class Workload:
         wia_mode = "off" if c.algo in ("grpo", "gigpo") else c.wia.mode
         if wia_mode == "separate":
             rows += math.ceil(rows * c.wia.fraction)  # predictor prompts ride in the same call
-        rows = min(rows, SAMPLER_BATCH_BUCKETS[-1])
-        rows = next(b for b in SAMPLER_BATCH_BUCKETS if b >= rows)
+        cap = r.get("max_rows_per_call", 0) or SAMPLER_BATCH_BUCKETS[-1]
+        rows = min(rows, cap)
+        rows = next((b for b in SAMPLER_BATCH_BUCKETS if b >= rows and b <= cap), cap)
         prompt = next((b for b in SAMPLER_PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
         new = max(r.max_response_tokens, c.wia.max_tokens if wia_mode == "separate" else 0)
         kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
@@ -499,7 +501,7 @@ def advise(
             trial = fits(w=dataclasses.replace(work, rollout_rows=rows))
             if trial.phases["rollout"] <= usable:
                 out.append(
-                    f"generate in chunks of {rows} rows (Sampler batch_buckets up to {rows}): rollout "
+                    f"generate in chunks of {rows} rows (--config.rollout.max_rows_per_call={rows}): rollout "
                     f"peak {trial.phases['rollout'] / GIB:.1f} GiB"
                 )
                 break

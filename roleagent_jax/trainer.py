@@ -32,7 +32,7 @@ from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.policy import write_prompt_settings
 from roleagent_jax.rollout import RolloutResult, RolloutSettings, collect, wia_multipliers
-from roleagent_jax.sampling import Sampler, SamplingParams
+from roleagent_jax.sampling import Sampler, SamplingParams, capped_batch_buckets
 from roleagent_jax.sharding import make_mesh, shard_model
 from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
 from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
@@ -106,7 +106,12 @@ class Trainer:
         self.graphdef, params = nnx.split(self.model)
         self.pad_id = self.tokenizer.pad_token_id
         self.sampler = Sampler(
-            self.graphdef, self.model_config, self.tokenizer, self.mesh, eos_ids=eos_ids(self.tokenizer)
+            self.graphdef,
+            self.model_config,
+            self.tokenizer,
+            self.mesh,
+            eos_ids=eos_ids(self.tokenizer),
+            batch_buckets=capped_batch_buckets(c.rollout.max_rows_per_call),
         )
         self.optimizer = make_optimizer(
             c.optim.lr,

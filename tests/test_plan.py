@@ -234,3 +234,17 @@ def test_docs_tables_are_current(model, mesh):
     table = plan.format_table(plan.plan_from_config(load_config("alfworld"), model, mesh, chip="v4"))
     doc = (REPO / "docs" / "scaling.md").read_text()
     assert table in doc, f"docs/scaling.md is out of date for --model={model} --mesh={mesh}"
+
+
+def test_rows_per_call_advice_is_a_config_knob_that_fits():
+    """The advised --config.rollout.max_rows_per_call, set in the config, gives a plan whose rollout fits."""
+    config = load_config("alfworld")
+    big = plan.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", chip="v4")
+    advice = [a for a in big.advice if "max_rows_per_call=" in a]
+    assert advice, big.advice
+    rows = int(advice[0].split("max_rows_per_call=")[1].split(")")[0])
+    config.rollout.max_rows_per_call = rows
+    capped = plan.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", chip="v4")
+    assert capped.phases["rollout"] < big.phases["rollout"]
+    assert f"{rows} rows x" in plan.format_table(capped)
+    assert capped.fits, capped.advice

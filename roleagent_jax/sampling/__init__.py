@@ -2,11 +2,22 @@
 
 from roleagent_jax.sampling.choose import choose_tokens
 from roleagent_jax.sampling.sampler import (
+    BATCH_BUCKETS,
     FINISH_REASONS,
     Sampler,
     SampleRequest,
     SampleResult,
     SamplingParams,
+    capped_batch_buckets,
 )
 
-__all__ = ["FINISH_REASONS", "SampleRequest", "SampleResult", "Sampler", "SamplingParams", "choose_tokens"]
+__all__ = [
+    "BATCH_BUCKETS",
+    "FINISH_REASONS",
+    "SampleRequest",
+    "SampleResult",
+    "Sampler",
+    "SamplingParams",
+    "capped_batch_buckets",
+    "choose_tokens",
+]

@@ -28,6 +28,19 @@ FINISH_REASONS = ("running", "eos", "stop", "length")  # index = the code the de
 _EOS, _STOP, _LENGTH = 1, 2, 3
 
 
+BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+
+
+def capped_batch_buckets(max_rows: int) -> tuple[int, ...]:
+    """The batch buckets capped at `max_rows` (0 = the default set). Requests beyond the largest bucket
+    are generated in consecutive chunks, so the cap bounds one call's KV cache and prefill memory."""
+    if max_rows < 0:
+        raise ValueError(f"max_rows_per_call must be >= 0, got {max_rows}")
+    if not max_rows:
+        return BATCH_BUCKETS
+    return tuple(b for b in BATCH_BUCKETS if b < max_rows) + (max_rows,)
+
+
 @dataclass
 class SampleRequest:
     """One generation request. `stop` strings end the response; the matched stop stays in the text."""
@@ -124,7 +137,7 @@ class Sampler:
         mesh: jax.sharding.Mesh | None = None,
         *,
         eos_ids: Sequence[int] | None = None,
-        batch_buckets: Sequence[int] = (8, 16, 32, 64, 128, 256),
+        batch_buckets: Sequence[int] = BATCH_BUCKETS,
         prompt_buckets: Sequence[int] = (64, 128, 256, 512, 1024, 2048, 4096),
         max_new_tokens_cap: int = 512,
         new_token_buckets: Sequence[int] | None = None,
