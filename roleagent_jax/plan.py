@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
-from roleagent_jax.sampling.sampler import BATCH_BUCKETS
+from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
 
 GIB = 1024**3
@@ -93,10 +93,6 @@ BUILTIN_MODELS: dict[str, dict] = {
     ),
 }
 MODEL_NAMES = {"0.5b": "Qwen2.5-0.5B-Instruct", "1.5b": "Qwen2.5-1.5B-Instruct", "7b": "Qwen2.5-7B-Instruct"}
-
-# The sampler's default bucket sizes (sampling.Sampler): one call holds at most the largest batch bucket.
-SAMPLER_BATCH_BUCKETS = BATCH_BUCKETS
-SAMPLER_PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -169,10 +165,9 @@ class Workload:
         wia_mode = "off" if c.algo in ("grpo", "gigpo") else c.wia.mode
         if wia_mode == "separate":
             rows += math.ceil(rows * c.wia.fraction)  # predictor prompts ride in the same call
-        cap = r.get("max_rows_per_call", 0) or SAMPLER_BATCH_BUCKETS[-1]
-        rows = min(rows, cap)
-        rows = next((b for b in SAMPLER_BATCH_BUCKETS if b >= rows and b <= cap), cap)
-        prompt = next((b for b in SAMPLER_PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
+        buckets = capped_batch_buckets(r.max_rows_per_call)  # one call holds at most the largest
+        rows = next(b for b in buckets if b >= min(rows, buckets[-1]))
+        prompt = next((b for b in PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
         new = max(r.max_response_tokens, c.wia.max_tokens if wia_mode == "separate" else 0)
         kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
         opt = dict(
@@ -495,7 +490,7 @@ def advise(
         else:
             out.append(_bigger_mesh_advice(cfg, label, sizes, w, hbm_gb, usable))
     if plan.phases["rollout"] > usable:
-        for rows in reversed(SAMPLER_BATCH_BUCKETS):
+        for rows in reversed(BATCH_BUCKETS):
             if rows >= work.rollout_rows or rows % (sizes["data"] * sizes["fsdp"]):
                 continue
             trial = fits(w=dataclasses.replace(work, rollout_rows=rows))

@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from roleagent_jax import distributed
 from roleagent_jax.models import Qwen2Config, init_cache
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
@@ -29,6 +30,7 @@ _EOS, _STOP, _LENGTH = 1, 2, 3
 
 
 BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def capped_batch_buckets(max_rows: int) -> tuple[int, ...]:
@@ -111,15 +113,6 @@ def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-def _to_host(tree):
-    """Numpy copies of the outputs; rows sharded over several processes are gathered first."""
-    if jax.process_count() == 1:
-        return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(tree, tiled=True)
-
-
 class Sampler:
     """Batched generation with a KV cache: jitted prefill, then one jitted `lax.while_loop` decode.
 
@@ -138,7 +131,7 @@ class Sampler:
         *,
         eos_ids: Sequence[int] | None = None,
         batch_buckets: Sequence[int] = BATCH_BUCKETS,
-        prompt_buckets: Sequence[int] = (64, 128, 256, 512, 1024, 2048, 4096),
+        prompt_buckets: Sequence[int] = PROMPT_BUCKETS,
         max_new_tokens_cap: int = 512,
         new_token_buckets: Sequence[int] | None = None,
         pad_id: int | None = None,
@@ -414,7 +407,7 @@ class Sampler:
             params, cache, logits, prompt_mask, self._put_rows(max_new), stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, mode=mode,
         )  # fmt: skip
-        tokens, logps, n_gen, finish = _to_host(out[0])
+        tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process
         return [
             self._result(r, tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b]))
             for b, r in enumerate(requests)
