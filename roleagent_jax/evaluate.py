@@ -178,14 +178,9 @@ def evaluate(
 
 def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float) -> Policy:
     if checkpoint:
-        try:
-            from roleagent_jax.policy import load_checkpoint_policy  # the model side plugs in here
-        except ImportError as exc:
-            raise ValueError(
-                "--checkpoint needs roleagent_jax.policy.load_checkpoint_policy(checkpoint, temperature) "
-                "returning a Policy; it is not available in this build"
-            ) from exc
-        return load_checkpoint_policy(checkpoint, temperature)
+        from roleagent_jax.policy import ModelPolicy  # JAX and the model load only when needed
+
+        return ModelPolicy(checkpoint, temperature)
     if name == "expert":
         return ExpertPolicy()
     if name == "random":

@@ -11,11 +11,13 @@ import json
 from pathlib import Path
 
 import jax
+from flax import nnx
 
 from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt
 from roleagent_jax.models import load_pretrained
+from roleagent_jax.rollout import Tokenize
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer
+from roleagent_jax.tokenizer import eos_ids, load_tokenizer
 
 PROMPT_SETTINGS = "roleagent.json"
 DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
@@ -44,8 +46,7 @@ class ModelPolicy:
         }
         model, config = load_pretrained(path)
         self.tokenizer = load_tokenizer(path)
-        from flax import nnx
-
+        self.encode = Tokenize(self.tokenizer, self.settings["max_prompt_tokens"])  # as the rollout does
         graphdef, self.params = nnx.split(model)
         self.sampler = Sampler(graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
         self.sampling = SamplingParams(temperature=temperature)
@@ -54,25 +55,20 @@ class ModelPolicy:
 
     def __call__(self, batch) -> list[str]:
         k = self.settings["history_k"]
-        requests = []
-        for x in batch:
-            text = build_agent_prompt(
-                x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k
+        requests = [
+            SampleRequest(
+                self.encode(
+                    build_agent_prompt(
+                        x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k
+                    )
+                ),
+                self.settings["max_response_tokens"],
+                stop=(ACTION_STOP,),
             )
-            ids = self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
-            requests.append(
-                SampleRequest(
-                    ids[-self.settings["max_prompt_tokens"] :],
-                    self.settings["max_response_tokens"],
-                    stop=(ACTION_STOP,),
-                )
-            )
+            for x in batch
+        ]
         self.calls += 1
         results = self.sampler.generate(
             self.params, requests, self.sampling, jax.random.fold_in(self.key, self.calls)
         )
         return [r.text for r in results]
-
-
-def load_checkpoint_policy(checkpoint: str, temperature: float = 0.4) -> ModelPolicy:
-    return ModelPolicy(checkpoint, temperature)

@@ -288,23 +288,15 @@ class Trainer:
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
         """Rollouts of all slots; with several processes each plays its share and the results are merged."""
-        if jax.process_count() == 1:
-            return collect(
-                generate,
-                envs,
-                task_ids,
-                group_ids,
-                self.tokenizer,
-                settings,
-                seed=self.config.seed,
-                iteration=it,
-            )
+        multi = jax.process_count() > 1
         share = distributed.process_share(len(task_ids))
         local = collect(
             generate, envs, task_ids[share.start : share.stop], group_ids[share.start : share.stop],
             self.tokenizer, settings, seed=self.config.seed, iteration=it, slot_offset=share.start,
-            gather=distributed.allgather_objects, rank=jax.process_index(),
+            gather=distributed.allgather_objects if multi else None, rank=jax.process_index(),
         )  # fmt: skip
+        if not multi:
+            return local
         parts = distributed.allgather_objects(local)
         merged = RolloutResult([], [], {}, {})
         for part in parts:
@@ -343,8 +335,7 @@ class Trainer:
         save_pretrained(  # the KL reference of a resumed run
             nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
         )
-        if self.is_main:
-            self._write_prompt_settings(self.workdir / "hf_warmstart")
+        self._write_prompt_settings(self.workdir / "hf_warmstart")
         self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
         print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 
@@ -546,8 +537,7 @@ class Trainer:
 
         final_dir = self.workdir / "hf_final"
         save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
-        if self.is_main:
-            self._write_prompt_settings(final_dir)
+        self._write_prompt_settings(final_dir)
         summary = {
             "workdir": str(self.workdir),
             "algo": self.config.algo,
@@ -561,6 +551,9 @@ class Trainer:
         return summary
 
     def _write_prompt_settings(self, directory: Path) -> None:
+        """roleagent.json beside exported weights, so `evaluate --checkpoint` prompts as training did."""
+        if not self.is_main:
+            return
         c = self.config
         write_prompt_settings(
             directory,

@@ -113,16 +113,14 @@ def env():
     return e
 
 
+def run_cmd(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    """A command from the repository root on one CPU device, output captured as text."""
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env(), timeout=timeout)
+
+
 def test_demo_cli_end_to_end(tmp_path):
     """The shortened demo: warm start, evaluation before/after, one RL iteration, report, HF export."""
-    out = subprocess.run(
-        cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env(),
-        timeout=900,
-    )
+    out = run_cmd(cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"), 900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary["eval"]) == {"before", "after"}
@@ -141,7 +139,7 @@ def test_demo_cli_end_to_end(tmp_path):
 
     data = shared_alfworld_dir()
     split = ["--split=valid_seen", f"--data={data}"] if data else ["--split=gen_unseen", "--gen-n=2"]
-    ev = subprocess.run(
+    ev = run_cmd(
         [
             sys.executable,
             "-m",
@@ -152,11 +150,7 @@ def test_demo_cli_end_to_end(tmp_path):
             "--max-steps=3",
             f"--gen-dir={tmp_path / 'g'}",
         ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env(),
-        timeout=600,
+        600,
     )
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(ev.stdout.strip().splitlines()[-1])
@@ -164,23 +158,9 @@ def test_demo_cli_end_to_end(tmp_path):
 
 
 def test_cli_rejects_bad_values(tmp_path):
-    out = subprocess.run(
-        cli(tmp_path / "bad", "--config.advantage.mode=zscore"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env(),
-        timeout=300,
-    )
+    out = run_cmd(cli(tmp_path / "bad", "--config.advantage.mode=zscore"), 300)
     assert out.returncode != 0 and "advantage.mode='zscore'" in out.stderr
-    out = subprocess.run(
-        cli(tmp_path / "bad", "--config.no_such_key=1"),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env(),
-        timeout=300,
-    )
+    out = run_cmd(cli(tmp_path / "bad", "--config.no_such_key=1"), 300)
     assert out.returncode != 0 and "no_such_key" in out.stderr
 
 
@@ -195,7 +175,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         "--config.log.progress=false",
         "--config.log.tensorboard=false",
     ]
-    ref = subprocess.run(cli(tmp_path / "ref", *args), capture_output=True, text=True, cwd=ROOT, env=env())
+    ref = run_cmd(cli(tmp_path / "ref", *args))
     assert ref.returncode == 0, ref.stderr[-3000:]
     proc = subprocess.Popen(
         cli(tmp_path / "killed", *args),
@@ -210,9 +190,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    resumed = subprocess.run(
-        cli(tmp_path / "killed", *args), capture_output=True, text=True, cwd=ROOT, env=env()
-    )
+    resumed = run_cmd(cli(tmp_path / "killed", *args))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     a = (tmp_path / "ref" / "hf_final" / "model.safetensors").read_bytes()
