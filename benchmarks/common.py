@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo_config():
+    """configs/demo.py's config (config files load by path, not as a package)."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
 
 # The benchmark Qwen2 (about 20M parameters) used by the forward and sampler benchmarks.
 BENCH_QWEN2 = dict(

@@ -10,22 +10,17 @@ generated pools. Prints the table (mean +- std over seeds); last line: one JSON 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.common import demo_config  # noqa: E402
+
 ALGOS = ("grpo", "gigpo", "roleagent")
-
-
-def demo_config():
-    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def run(config) -> dict:

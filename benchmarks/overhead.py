@@ -11,22 +11,16 @@ The paper reports 5.2% for WIA + AIW together. Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def demo_config():
-    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.common import ROOT, demo_config  # noqa: E402
 
 
 def base_config(workdir: Path, iterations: int, model: str):

@@ -28,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import BENCH_QWEN2, matmul_flops_per_s  # noqa: E402
-
-BENCH_CONFIG = {**BENCH_QWEN2, "max_position_embeddings": 4096}
+from benchmarks.common import BENCH_QWEN2 as BENCH_CONFIG  # noqa: E402
+from benchmarks.common import matmul_flops_per_s  # noqa: E402
 
 
 def generation_flops(cfg: dict, batch: int, prompt: int, new: int) -> float:
