@@ -86,12 +86,19 @@ def test_decode_token_by_token_matches_forward(scan_layers, kv_heads):
         kv_mask[:, i] = mask[:, i].astype(bool)
         logits, cache = step(params, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), kv_mask)
         got.append(np.asarray(logits)[:, 0])
-    assert isinstance(cache, KVCache) and cache.k.shape == (2, b, kv_heads, slots, cfg.head_dim)
+    layer_shape = (b, kv_heads, slots, cfg.head_dim)
+    if scan_layers:
+        assert isinstance(cache, KVCache) and cache.k.shape == (2, *layer_shape)
+    else:
+        assert isinstance(cache, KVCache) and [k.shape for k in cache.k] == [layer_shape] * 2
     assert max_diff_on_real(np.stack(got, 1), full, mask) < 1e-5
 
 
-def test_prefill_then_single_steps_with_donated_cache():
-    cfg = tiny_config()
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_prefill_then_single_steps_with_donated_cache(fresh, scan_layers):
+    """A multi-token prefill (over the whole cache, or ``fresh`` over its own slots) then decode steps."""
+    cfg = tiny_config(scan_layers=scan_layers)
     model = random_model(cfg, seed=3)
     ids, mask, pos = left_padded_batch(seed=1)
     full = np.asarray(forward(model, ids, mask))
@@ -105,7 +112,10 @@ def test_prefill_then_single_steps_with_donated_cache():
     kv_mask = np.zeros((b, 16), bool)
     n = 5
     kv_mask[:, :n] = mask[:, :n].astype(bool)
-    logits, cache = step(params, ids[:, :n], pos[:, :n], cache, jnp.int32(0), kv_mask)
+    prefill = jax.jit(
+        lambda params, tok, p, cache, m: nnx.merge(graphdef, params).decode(tok, p, cache, 0, m, fresh=fresh)
+    )
+    logits, cache = prefill(params, ids[:, :n], pos[:, :n], cache, kv_mask)
     got = [np.asarray(logits)]
     # Then a 2-token step (the few-query attention path) and single-token steps.
     for i, j in [(n, n + 2)] + [(i, i + 1) for i in range(n + 2, t)]:
@@ -174,7 +184,7 @@ def test_bfloat16_policy_keeps_float32_logits():
     mixed = Qwen2ForCausalLM(tiny_config(param_dtype="float32", dtype="bfloat16"), rngs=nnx.Rngs(0))
     copy_params(f32, mixed)
     assert forward(mixed, ids, mask).dtype == jnp.float32
-    assert init_cache(mixed.config, 2, 4).k.dtype == jnp.bfloat16
+    assert init_cache(mixed.config, 2, 4).k[0].dtype == jnp.bfloat16
 
 
 def test_config_rejects_inconsistent_heads():

@@ -95,9 +95,12 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
     kv_mask[:, :9] = mask.astype(bool)
     pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
     logits, cache = step(params, ids, pos, cache, jnp.int32(0), kv_mask)
-    assert isinstance(cache, KVCache) and cache.k.sharding.spec == P(
-        None, ("data", "fsdp"), "tensor", None, None
-    )
+    per_layer = P(("data", "fsdp"), "tensor", None, None)
+    assert isinstance(cache, KVCache)
+    if scan_layers:
+        assert cache.k.sharding.spec == P(None, *per_layer)
+    else:
+        assert [k.sharding.spec for k in cache.k] == [per_layer] * cfg.num_hidden_layers
     assert max_diff_on_real(logits, forward(single, ids, mask), mask) <= 1e-5
 
 
@@ -112,9 +115,13 @@ def test_shard_model_and_batch_sharding():
     assert model.embed.embedding[...].sharding.spec == P("tensor", "fsdp")
     assert sharding.batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
     assert sharding.BATCH_SPEC == P(("data", "fsdp"))
-    assert isinstance(sharding.cache_sharding(mesh).k, NamedSharding)
+    assert sharding.cache_sharding(mesh, cfg).k[0].spec == P(("data", "fsdp"), "tensor", None, None)
     odd = cfg.replace(num_key_value_heads=1)
-    assert sharding.cache_sharding(mesh, odd).k.spec == P(None, ("data", "fsdp"), None, None, None)
+    assert sharding.cache_sharding(mesh, odd).k[0].spec == P(("data", "fsdp"), None, None, None)
+    scanned = sharding.cache_sharding(mesh, cfg.replace(scan_layers=True)).k
+    assert isinstance(scanned, NamedSharding) and scanned.spec == P(
+        None, ("data", "fsdp"), "tensor", None, None
+    )
 
 
 def test_maybe_initialize_distributed_is_noop_single_process(monkeypatch):

@@ -23,20 +23,31 @@ _NEG = -1e30  # finite so fully-masked (padding) query rows give a uniform softm
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, ``[layers, batch, kv_heads, slots, head_dim]``.
+    """Keys and values of every layer, each ``[batch, kv_heads, slots, head_dim]``.
 
-    Slots sit next to head_dim so that each (row, KV head) is one contiguous ``[slots, head_dim]`` matrix:
-    the decode step's attention reads it as a batched matmul operand with no relayout per layer."""
+    Slots sit next to head_dim so that each (row, KV head) is one contiguous ``[slots, head_dim]`` matrix
+    that the decode step's attention reads as a batched matmul operand. Unscanned layers keep one array
+    per layer (``k`` and ``v`` are tuples): the attention dot then reads its layer's buffer in place,
+    where slicing a stacked array made XLA copy every layer's cache on every decode step. Scanned layers
+    keep one stacked ``[layers, ...]`` array, the scan's carry."""
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
+
+    @property
+    def slots(self) -> int:
+        return jax.tree.leaves(self.k)[0].shape[-2]
 
 
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An all-zero cache with ``max_len`` slots per row (compute dtype unless given)."""
-    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
+    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
     dt = jnp.dtype(dtype or config.dtype)
-    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt))
+    if config.scan_layers:
+        stacked = (config.num_hidden_layers, *shape)
+        return KVCache(jnp.zeros(stacked, dt), jnp.zeros(stacked, dt))
+    layers = range(config.num_hidden_layers)
+    return KVCache(tuple(jnp.zeros(shape, dt) for _ in layers), tuple(jnp.zeros(shape, dt) for _ in layers))
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> nnx.Param:
@@ -211,21 +222,34 @@ class Block(nnx.Module):
         x: jax.Array,
         positions: jax.Array,
         mask: jax.Array,
-        cache: KVCache,
-        layer: jax.Array | int,
+        k_cache: jax.Array,
+        v_cache: jax.Array,
         write_index: jax.Array,
-    ) -> tuple[jax.Array, KVCache]:
-        """Like ``__call__`` but writes this step's K/V into slot ``write_index`` of layer ``layer``
-        of the full cache (an in-place update of only the new slots) and attends over that layer."""
+        layer: jax.Array | None = None,
+        fresh: bool = False,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Like ``__call__`` but writes this step's K/V into slot ``write_index`` of the cache (an
+        in-place update of only the new slots) and attends over it. The cache is this layer's
+        ``[B, KV, S, D]`` arrays, or with ``layer`` the stacked ``[L, B, KV, S, D]`` ones. ``fresh``:
+        the cache is empty before these tokens, so they attend among themselves only."""
         q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, D]: only the new slots move
         zero = jnp.zeros((), jnp.int32)
-        start = (jnp.asarray(layer, jnp.int32), zero, zero, write_index, zero)
-        k, v = (jnp.swapaxes(a, 1, 2)[None] for a in (k, v))  # [1, B, KV, T, D]: only the new slots move
-        ck = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start)
-        cv = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start)
-        attn = grouped_attention(q, ck[layer].astype(q.dtype), cv[layer].astype(q.dtype), mask)
+        start = (zero, zero, write_index, zero)
+        if layer is None:
+            ck = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+            cv = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+            read_k, read_v = ck, cv
+        else:
+            start = (jnp.asarray(layer, jnp.int32), *start)
+            ck = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype), start)
+            cv = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype), start)
+            read_k, read_v = ck[layer], cv[layer]
+        if fresh:
+            read_k, read_v, mask = k, v, mask[:, :, : k.shape[2]]
+        attn = grouped_attention(q, read_k.astype(q.dtype), read_v.astype(q.dtype), mask)
         x = x + self.attn.out(attn)
-        return x + self.mlp(self.post_attn_norm(x)), KVCache(ck, cv)
+        return x + self.mlp(self.post_attn_norm(x)), ck, cv
 
 
 def _stack_blocks(cfg: Qwen2Config, rngs: nnx.Rngs) -> Block:
@@ -320,24 +344,29 @@ class Qwen2ForCausalLM(nnx.Module):
         cache: KVCache,
         write_index: jax.Array,
         kv_mask: jax.Array,
+        *,
+        fresh: bool = False,
     ) -> tuple[jax.Array, KVCache]:
         """Process ``T >= 1`` new tokens per row against the cache.
 
         The new tokens go to slots ``[write_index, write_index + T)`` of every row; ``kv_mask``
         ``[B, S]`` already marks those slots. A query at slot ``write_index + t`` attends to slots
         ``s <= write_index + t`` with ``kv_mask``. Returns float32 logits ``[B, T, V]`` and the cache.
+        ``fresh`` says the cache holds nothing yet (``write_index`` is 0): the tokens then attend over
+        their own ``T`` slots instead of all ``S``, which saves a prompt's prefill the empty tail.
         """
         input_ids = jnp.asarray(input_ids, jnp.int32)
         t = input_ids.shape[1]
-        slots = cache.k.shape[3]
+        slots = cache.slots
         write_index = jnp.asarray(write_index, jnp.int32)
         query_slot = write_index + jnp.arange(t, dtype=jnp.int32)
         causal = jnp.arange(slots, dtype=jnp.int32)[None, :] <= query_slot[:, None]
         mask = causal[None] & jnp.asarray(kv_mask).astype(jnp.bool_)[:, None, :]
         x = self._embed(input_ids)
 
-        def body(graphdef, state, h, kv, layer):
-            return nnx.merge(graphdef, state).decode(h, positions, mask, kv, layer, write_index)
+        def body(graphdef, state, h, k_cache, v_cache, layer=None):
+            block = nnx.merge(graphdef, state)
+            return block.decode(h, positions, mask, k_cache, v_cache, write_index, layer, fresh)
 
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.layers)
@@ -347,10 +376,15 @@ class Qwen2ForCausalLM(nnx.Module):
                 return body(graphdef, layer_state, *carry, layer), None
 
             layer_ids = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
-            (x, cache), _ = jax.lax.scan(step, (x, cache), (state, layer_ids))
+            (x, ck, cv), _ = jax.lax.scan(step, (x, cache.k, cache.v), (state, layer_ids))
+            cache = KVCache(ck, cv)
         else:
-            for i, layer in enumerate(self.layers):
+            ks, vs = [], []
+            for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v, strict=True):
                 graphdef, state = nnx.split(layer)
-                x, cache = body(graphdef, state, x, cache, i)
+                x, k_cache, v_cache = body(graphdef, state, x, k_cache, v_cache)
+                ks.append(k_cache)
+                vs.append(v_cache)
+            cache = KVCache(tuple(ks), tuple(vs))
         logits = self._logits(self.final_norm(x))
         return logits, cache

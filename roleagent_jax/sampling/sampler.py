@@ -227,7 +227,9 @@ class Sampler:
         kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
         head = plen - 1
         if head:
-            _, cache = model.decode(ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask)
+            _, cache = model.decode(
+                ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask, fresh=True
+            )
         logits, cache = model.decode(ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask)
         return self._constrain(logits[:, -1]), self._constrain_cache(cache)
 
