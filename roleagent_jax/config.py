@@ -37,6 +37,7 @@ RANGES = (
     ("advantage.gamma", 0.0, 1.0, True),
     ("advantage.omega", 0.0, None, True),
     ("advantage.invalid_penalty", 0.0, None, True),
+    ("advantage.negative_scale", 0.0, 1.0, True),
     ("loss.clip_eps", 0.0, 1.0, False),
     ("loss.dual_clip", 1.0, None, False),
     ("loss.kl_coef", 0.0, None, True),

@@ -22,6 +22,9 @@ from roleagent_jax.envs.prompts import build_agent_prompt
 from roleagent_jax.train_step import pack_rows
 from roleagent_jax.types import Step, Trajectory
 
+# Token-grid widths of warm-start batches: fine steps where the demo's rows lie, few compiled shapes.
+_SFT_LENGTHS = (64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
 
 @dataclass
 class Example:
@@ -145,6 +148,27 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable
     return step
 
 
+def length_grouped_batches(lengths: Sequence[int], batch_rows: int, rng: np.random.Generator):
+    """Endless batches of row indices whose lengths are close, so a batch pads little.
+
+    Each epoch sorts the rows by length plus a random jitter of up to a tenth of the length range (so
+    batches mix differently every epoch), cuts the order into batches of ``batch_rows`` and yields them
+    in random order: every row appears once per epoch, and the padded tokens of random batches (about a
+    third of the warm start's compute) mostly disappear. With fewer rows than a batch, rows are drawn with
+    replacement."""
+    lengths = np.asarray(lengths, np.float64)
+    n = len(lengths)
+    if n < batch_rows:
+        while True:
+            yield rng.choice(n, size=batch_rows, replace=True)
+    jitter = 0.1 * (lengths.max() - lengths.min()) + 1.0
+    while True:
+        order = np.argsort(lengths + rng.uniform(0.0, jitter, n), kind="stable")
+        batches = [order[i : i + batch_rows] for i in range(0, n - batch_rows + 1, batch_rows)]
+        for b in rng.permutation(len(batches)):
+            yield batches[b]
+
+
 def run_sft(
     graphdef,
     params,
@@ -170,11 +194,14 @@ def run_sft(
     prompts = [encode_prompt(e.prompt) for e in examples]
     targets = [encode_target(e.target) for e in examples]
     rng = np.random.default_rng(seed)
+    batches = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
     losses = []
     iterator = range(steps) if progress is None else progress(range(steps))
     for _ in iterator:
-        idx = rng.choice(len(examples), size=batch_rows, replace=len(examples) < batch_rows)
-        packed = pack_rows([prompts[i] for i in idx], [targets[i] for i in idx], pad_id)
+        idx = next(batches)
+        packed = pack_rows(
+            [prompts[i] for i in idx], [targets[i] for i in idx], pad_id, length_bucket=_SFT_LENGTHS
+        )
         batch = {k: jnp.asarray(packed[k]) for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
         params, opt_state, loss = step_fn(params, opt_state, batch)
         losses.append(float(loss))

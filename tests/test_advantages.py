@@ -7,7 +7,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from roleagent_jax.advantages import discounted_returns, gigpo_advantages, hash_anchor, similar_anchor_hashes
+from roleagent_jax.advantages import (
+    damp_negative,
+    discounted_returns,
+    gigpo_advantages,
+    hash_anchor,
+    similar_anchor_hashes,
+)
 
 # --------------------------------------------------------------------------------------------------
 # plain-Python reference (reference section 3, written without the module's vectorised formulation)
@@ -364,3 +370,12 @@ def test_similar_anchor_hashes():
     assert got.shape == (6,)
     with pytest.raises(ValueError, match="threshold"):
         similar_anchor_hashes(texts, groups, threshold=0.0)
+
+
+def test_damp_negative_scales_only_negative_advantages():
+    adv = np.array([2.0, -1.0, 0.0, -0.5], np.float32)
+    np.testing.assert_allclose(damp_negative(adv, 0.1), [2.0, -0.1, 0.0, -0.05])
+    np.testing.assert_array_equal(damp_negative(adv, 1.0), adv)
+    assert damp_negative(adv, 0.0).min() == 0.0 and damp_negative(adv, 0.3).dtype == np.float32
+    with pytest.raises(ValueError, match="negative scale"):
+        damp_negative(adv, 1.5)

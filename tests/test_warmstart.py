@@ -2,10 +2,11 @@
 
 import re
 
+import numpy as np
 import pytest
 
 from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool
-from roleagent_jax.warmstart import examples_from_episodes, expert_episodes
+from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, length_grouped_batches
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +60,19 @@ def test_examples_train_the_label_and_show_the_played_history(pool):
 def test_explore_out_of_range(explore):
     with pytest.raises(ValueError, match="explore"):
         expert_episodes(None, [], 10, explore=explore)
+
+
+def test_length_grouped_batches_cover_every_row_once_per_epoch_with_little_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(40, 400, size=103)
+    batches = length_grouped_batches(lengths, 8, np.random.default_rng(1))
+    per_epoch = len(lengths) // 8
+    for _ in range(3):
+        epoch = [next(batches) for _ in range(per_epoch)]
+        seen = np.concatenate(epoch)
+        assert len(seen) == len(set(seen.tolist())) == per_epoch * 8  # no row twice in an epoch
+        padded = sum(8 * lengths[b].max() for b in epoch)
+        random_padded = sum(8 * lengths[rng.choice(len(lengths), 8)].max() for _ in range(per_epoch))
+        assert padded < 0.8 * random_padded  # the point of grouping
+    tiny = length_grouped_batches([5, 9], 4, np.random.default_rng(0))
+    assert next(tiny).shape == (4,) and set(next(tiny).tolist()) <= {0, 1}  # fewer rows than a batch
