@@ -363,3 +363,18 @@ def damp_negative(adv: np.ndarray, scale: float) -> np.ndarray:
     _check_unit_interval("negative scale", scale)
     adv = np.asarray(adv)
     return np.where(adv < 0, scale * adv, adv).astype(adv.dtype)
+
+
+def cap_invalid(adv: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Advantages with those of invalid rows capped at zero.
+
+    An invalid action changes nothing in the game ("Nothing happens."), yet GiGPO hands it the won
+    episode's credit like any other row, and the -0.1 penalty is too small to matter against a return of
+    10. A strong policy rarely acts invalidly; a small one does it in most winning episodes too, so RL
+    then reinforces inadmissible text (the demo's model lost its copying that way). Capped, invalid rows
+    can only be pushed down.
+    """
+    adv, valid = np.asarray(adv), np.asarray(valid, bool)
+    if adv.shape != valid.shape:
+        raise ValueError(f"advantages {adv.shape} and valid flags {valid.shape} differ in shape")
+    return np.where(valid, adv, np.minimum(adv, 0)).astype(adv.dtype)

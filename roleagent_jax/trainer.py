@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
-from roleagent_jax.advantages import damp_negative, gigpo_advantages
+from roleagent_jax.advantages import cap_invalid, damp_negative, gigpo_advantages
 from roleagent_jax.checkpointing import Checkpointer, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, TaskPool
@@ -385,6 +385,8 @@ class Trainer:
                 return_multiplier=multiplier,
             )
         )
+        if not c.advantage.credit_invalid:
+            adv = cap_invalid(adv, np.array([r.valid for r in rows], bool))
         adv = damp_negative(adv, c.advantage.negative_scale)
         t_adv = time.perf_counter() - t1
         t1 = time.perf_counter()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from roleagent_jax.advantages import (
+    cap_invalid,
     damp_negative,
     discounted_returns,
     gigpo_advantages,
@@ -379,3 +380,20 @@ def test_damp_negative_scales_only_negative_advantages():
     assert damp_negative(adv, 0.0).min() == 0.0 and damp_negative(adv, 0.3).dtype == np.float32
     with pytest.raises(ValueError, match="negative scale"):
         damp_negative(adv, 1.5)
+
+
+def test_cap_invalid_keeps_valid_rows_and_caps_invalid_ones_at_zero():
+    # A won episode with an invalid detour: GiGPO credits the detour like the winning actions.
+    rewards = np.array([0.0, 0.0, 0.0, 10.0, 0.0, 0.0], np.float32)
+    traj = np.array([0, 0, 0, 0, 1, 1])
+    valid = np.array([True, False, True, True, False, True])
+    adv = gigpo_advantages(
+        rewards, traj, np.zeros(6, int), np.array([0, 1, 2, 3, 0, 1]), np.arange(6, dtype=np.uint64), valid,
+        mode="mean_norm",
+    )  # fmt: skip
+    assert adv[1] > 0  # the published credit: the invalid row of the won episode is reinforced
+    capped = cap_invalid(adv, valid)
+    np.testing.assert_array_equal(capped[valid], adv[valid])
+    assert capped[1] == 0.0 and capped[4] == adv[4] < 0  # a lost episode's invalid row stays negative
+    with pytest.raises(ValueError, match="shape"):
+        cap_invalid(adv, valid[:3])
