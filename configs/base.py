@@ -70,9 +70,8 @@ def get_config() -> ConfigDict:
     c.advantage.omega = 1.0
     c.advantage.mode = "mean_std_norm"  # mean_norm | mean_std_norm
     c.advantage.invalid_penalty = 0.1
-    c.advantage.negative_scale = (
-        1.0  # < 1 damps negative advantages (small-model stabiliser; 1 = as published)
-    )
+    c.advantage.credit_invalid = True  # False: invalid actions never share a won episode's credit
+    c.advantage.negative_scale = 1.0  # < 1 damps negative advantages (1 = as published)
 
     c.loss = ConfigDict()
     c.loss.clip_eps = 0.2
