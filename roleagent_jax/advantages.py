@@ -264,6 +264,8 @@ def gigpo_advantages(
     step_level: bool = True,
     return_multiplier: Sequence[float] | np.ndarray | None = None,
     std_floor: float = 0.0,
+    credit_invalid: bool = True,
+    negative_scale: float = 1.0,
 ) -> np.ndarray:
     """One advantage per row: ``A = A^E + omega * A^S`` (GiGPO), or ``A^E`` alone when ``step_level=False`` (GRPO).
 
@@ -295,11 +297,20 @@ def gigpo_advantages(
     of the order of the success reward stops ``mean_std_norm`` from inflating the 0.1 penalty of an
     all-fail group into advantages near +-3 (reference pitfall).
 
+    Two small-policy stabilisers, off by default (the published semantics):
+      * ``credit_invalid=False`` caps invalid rows' advantages at 0. An invalid action changes nothing
+        ("Nothing happens."), yet it shares a won episode's credit like any other row, and the penalty is
+        too small to matter against a return of 10. A strong policy rarely acts invalidly; a small one
+        does in most of its wins too, and RL then reinforces inadmissible text.
+      * ``negative_scale`` in [0, 1] multiplies the negative advantages: a small policy's lost episodes
+        are mostly correct actions, and pushing all of them down moves probability to frequent text.
+
     Returns float32 [N], aligned with the input rows.
     """
     if mode not in ("mean_std_norm", "mean_norm"):
         raise ValueError(f"mode must be 'mean_std_norm' or 'mean_norm', got {mode!r}")
     _check_unit_interval("gamma", gamma)
+    _check_unit_interval("negative_scale", negative_scale)
     if invalid_penalty < 0 or std_floor < 0:
         raise ValueError("invalid_penalty and std_floor must be >= 0")
     r = _vector("rewards", rewards, None).astype(np.float64)
@@ -350,31 +361,7 @@ def gigpo_advantages(
             mode=mode,
             step_level=bool(step_level),
         )
-        return np.asarray(out, dtype=np.float32)[:n]
-
-
-def damp_negative(adv: np.ndarray, scale: float) -> np.ndarray:
-    """Advantages with the negative ones multiplied by ``scale`` in [0, 1] (1 leaves them as published).
-
-    A small policy's lost episodes are mostly correct actions; pushing every one of them down moves
-    probability from the commands it copied to frequent, often inadmissible text, and the copying
-    degrades (seen in the demo's runs). Damping keeps the positive signal whole and the negative one small.
-    """
-    _check_unit_interval("negative scale", scale)
-    adv = np.asarray(adv)
-    return np.where(adv < 0, scale * adv, adv).astype(adv.dtype)
-
-
-def cap_invalid(adv: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Advantages with those of invalid rows capped at zero.
-
-    An invalid action changes nothing in the game ("Nothing happens."), yet GiGPO hands it the won
-    episode's credit like any other row, and the -0.1 penalty is too small to matter against a return of
-    10. A strong policy rarely acts invalidly; a small one does it in most winning episodes too, so RL
-    then reinforces inadmissible text (the demo's model lost its copying that way). Capped, invalid rows
-    can only be pushed down.
-    """
-    adv, valid = np.asarray(adv), np.asarray(valid, bool)
-    if adv.shape != valid.shape:
-        raise ValueError(f"advantages {adv.shape} and valid flags {valid.shape} differ in shape")
-    return np.where(valid, adv, np.minimum(adv, 0)).astype(adv.dtype)
+    adv = np.asarray(out, dtype=np.float32)[:n]
+    if not credit_invalid:
+        adv = np.where(ok, adv, np.minimum(adv, 0.0))
+    return np.where(adv < 0, np.float32(negative_scale) * adv, adv).astype(np.float32)

@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
-from roleagent_jax.advantages import cap_invalid, damp_negative, gigpo_advantages
+from roleagent_jax.advantages import gigpo_advantages
 from roleagent_jax.checkpointing import Checkpointer, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, TaskPool
@@ -383,11 +383,10 @@ class Trainer:
                 invalid_penalty=c.advantage.invalid_penalty,
                 step_level=c.advantage.step_level,
                 return_multiplier=multiplier,
+                credit_invalid=c.advantage.credit_invalid,
+                negative_scale=c.advantage.negative_scale,
             )
         )
-        if not c.advantage.credit_invalid:
-            adv = cap_invalid(adv, np.array([r.valid for r in rows], bool))
-        adv = damp_negative(adv, c.advantage.negative_scale)
         t_adv = time.perf_counter() - t1
         t1 = time.perf_counter()
         update_metrics = self._update(rows, adv, it)

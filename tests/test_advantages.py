@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 from roleagent_jax.advantages import (
-    cap_invalid,
-    damp_negative,
     discounted_returns,
     gigpo_advantages,
     hash_anchor,
@@ -373,27 +371,24 @@ def test_similar_anchor_hashes():
         similar_anchor_hashes(texts, groups, threshold=0.0)
 
 
-def test_damp_negative_scales_only_negative_advantages():
-    adv = np.array([2.0, -1.0, 0.0, -0.5], np.float32)
-    np.testing.assert_allclose(damp_negative(adv, 0.1), [2.0, -0.1, 0.0, -0.05])
-    np.testing.assert_array_equal(damp_negative(adv, 1.0), adv)
-    assert damp_negative(adv, 0.0).min() == 0.0 and damp_negative(adv, 0.3).dtype == np.float32
-    with pytest.raises(ValueError, match="negative scale"):
-        damp_negative(adv, 1.5)
-
-
-def test_cap_invalid_keeps_valid_rows_and_caps_invalid_ones_at_zero():
+def test_stabilisers_cap_invalid_rows_and_damp_negative_advantages():
     # A won episode with an invalid detour: GiGPO credits the detour like the winning actions.
     rewards = np.array([0.0, 0.0, 0.0, 10.0, 0.0, 0.0], np.float32)
-    traj = np.array([0, 0, 0, 0, 1, 1])
-    valid = np.array([True, False, True, True, False, True])
-    adv = gigpo_advantages(
-        rewards, traj, np.zeros(6, int), np.array([0, 1, 2, 3, 0, 1]), np.arange(6, dtype=np.uint64), valid,
-        mode="mean_norm",
+    args = (
+        rewards, np.array([0, 0, 0, 0, 1, 1]), np.zeros(6, int), np.array([0, 1, 2, 3, 0, 1]),
+        np.arange(6, dtype=np.uint64), np.array([True, False, True, True, False, True]),
     )  # fmt: skip
+    valid = args[-1]
+    adv = gigpo_advantages(*args, mode="mean_norm")
     assert adv[1] > 0  # the published credit: the invalid row of the won episode is reinforced
-    capped = cap_invalid(adv, valid)
+    capped = gigpo_advantages(*args, mode="mean_norm", credit_invalid=False)
     np.testing.assert_array_equal(capped[valid], adv[valid])
     assert capped[1] == 0.0 and capped[4] == adv[4] < 0  # a lost episode's invalid row stays negative
-    with pytest.raises(ValueError, match="shape"):
-        cap_invalid(adv, valid[:3])
+    damped = gigpo_advantages(*args, mode="mean_norm", negative_scale=0.1)
+    np.testing.assert_allclose(damped, np.where(adv < 0, 0.1 * adv, adv), rtol=1e-6)
+    assert (adv < 0).any() and damped.dtype == np.float32
+    np.testing.assert_array_equal(
+        gigpo_advantages(*args, mode="mean_norm", negative_scale=0.0), np.maximum(adv, 0)
+    )
+    with pytest.raises(ValueError, match="negative_scale"):
+        gigpo_advantages(*args, negative_scale=1.5)
