@@ -236,17 +236,16 @@ class Block(nnx.Module):
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, D]: only the new slots move
         zero = jnp.zeros((), jnp.int32)
         start = (zero, zero, write_index, zero)
-        if layer is None:
-            ck = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-            cv = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-            read_k, read_v = ck, cv
+        if layer is not None:  # stacked cache: write into (and read) this layer's slice
+            start, new_k, new_v = (jnp.asarray(layer, jnp.int32), *start), k[None], v[None]
         else:
-            start = (jnp.asarray(layer, jnp.int32), *start)
-            ck = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype), start)
-            cv = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype), start)
-            read_k, read_v = ck[layer], cv[layer]
+            new_k, new_v = k, v
+        ck = jax.lax.dynamic_update_slice(k_cache, new_k.astype(k_cache.dtype), start)
+        cv = jax.lax.dynamic_update_slice(v_cache, new_v.astype(v_cache.dtype), start)
         if fresh:
             read_k, read_v, mask = k, v, mask[:, :, : k.shape[2]]
+        else:
+            read_k, read_v = (ck, cv) if layer is None else (ck[layer], cv[layer])
         attn = grouped_attention(q, read_k.astype(q.dtype), read_v.astype(q.dtype), mask)
         x = x + self.attn.out(attn)
         return x + self.mlp(self.post_attn_norm(x)), ck, cv
