@@ -117,7 +117,8 @@ def get_config() -> ConfigDict:
     c.warmstart.steps = 0
     c.warmstart.lr = 1e-3
     c.warmstart.batch_rows = 32
-    c.warmstart.n_games = 0
+    c.warmstart.n_games = 0  # games the expert plays (0 = the whole RL pool)
+    c.warmstart.own_games = False  # generated splits: the warm start plays games RL never trains on
     c.warmstart.explore = 0.0  # share of expert steps played off-plan (DAgger-style recovery states)
     c.warmstart.predictor = True  # also teach the predictor role
     c.warmstart.predictor_fraction = 1.0  # share of expert steps that also give a predictor example

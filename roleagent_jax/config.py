@@ -91,6 +91,10 @@ def validate(config: ConfigDict) -> ConfigDict:
     mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
     if mini % micro:
         errors.append(f"--config.train.mini_batch_rows={mini} must be a multiple of micro_batch_rows={micro}")
+    if config.warmstart.own_games and config.warmstart.n_games < 1:
+        errors.append(
+            "--config.warmstart.own_games=True needs --config.warmstart.n_games >= 1 (games to play)"
+        )
     for axis in ("data", "fsdp", "tensor"):
         size = config.mesh[axis]
         if size == 0 or size < -1:

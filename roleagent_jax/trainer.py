@@ -50,8 +50,10 @@ def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) 
     if split not in GEN_SPLITS:
         return TaskPool.from_split(config.env.data_dir or None, split)
     g = config.env.gen
-    n = g.n_train if purpose == "train" else g.n_eval
-    seed = g.seed if purpose == "train" else g.seed + 1000  # held-out games of the same distribution
+    n = {"train": g.n_train, "warmstart": config.warmstart.n_games}.get(purpose, g.n_eval)
+    # Every purpose draws its own games of the same distribution: evaluation's are held out from both
+    # training sets, and the warm start's (with warmstart.own_games) are never RL's.
+    seed = g.seed + {"train": 0, "eval": 1000, "warmstart": 2000}[purpose]
 
     def generate() -> TaskPool:
         return TaskPool.generated(
@@ -202,12 +204,22 @@ class Trainer:
         save_pretrained(model, init_dir, tokenizer=tok)  # every process takes part; process 0 writes
         return model, mcfg, tok
 
+    def _warmstart_pool(self) -> TaskPool:
+        """The games the expert plays for the warm start: the first `n_games` of the RL pool, or, with
+        `warmstart.own_games` on a generated split, games of their own. Then RL never trains on a game
+        the model has memorised, and its gains are the ones that carry over to unseen games."""
+        c = self.config
+        if c.warmstart.own_games and c.env.train_split in GEN_SPLITS:
+            return make_task_pool(c, c.env.train_split, self.workdir, "warmstart")
+        n = min(c.warmstart.n_games or len(self.train_pool), len(self.train_pool))
+        return self.train_pool.subset(list(range(n)))
+
     def _expert_trajectories(self):
         if not hasattr(self, "_experts"):
-            n = self.config.warmstart.n_games or len(self.train_pool)
-            ids = list(range(min(n, len(self.train_pool))))
+            pool = self._warmstart_pool()
+            ids = list(range(len(pool)))
             # The expert plays to the end even when RL episodes are cut shorter.
-            with self._env_pool(self.train_pool, EXPERT_MAX_STEPS) as envs:
+            with self._env_pool(pool, EXPERT_MAX_STEPS) as envs:
                 self._experts = expert_episodes(
                     envs, ids, EXPERT_MAX_STEPS, explore=self.config.warmstart.explore, seed=self.config.seed
                 )

@@ -37,6 +37,14 @@ def test_bad_values_are_named():
     assert "rollout.group_size=0" in msg
 
 
+def test_own_warmstart_games_need_a_count():
+    c = load("base")
+    c.warmstart.own_games = True
+    c.warmstart.n_games = 0
+    with pytest.raises(ValueError, match="own_games=True needs --config.warmstart.n_games >= 1"):
+        validate(c)
+
+
 def test_missing_model_dir():
     c = load("base")
     c.model.path = "/nonexistent/model"

@@ -3,11 +3,13 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -68,6 +70,27 @@ def run_trainer(config):
 def assert_same_params(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_warmstart_plays_its_own_games_when_asked(tmp_path):
+    """own_games: the expert's games come from their own seed, none of them is an RL game."""
+    from roleagent_jax.trainer import Trainer, make_task_pool
+
+    c = tiny_config(tmp_path, 0)
+    c.env.gen.n_train, c.warmstart.n_games = 3, 2
+    train = make_task_pool(c, "gen_seen", tmp_path, "train")
+    holder = SimpleNamespace(config=c, train_pool=train, workdir=tmp_path)
+    c.warmstart.own_games = False
+    assert Trainer._warmstart_pool(holder).game_files == train.game_files[:2]
+    c.warmstart.own_games = True
+    own = Trainer._warmstart_pool(holder)
+
+    def games(pool):  # the game itself, without its file name (which carries seed and index)
+        return {re.sub(r"gen\d+_seen_\d+", "", Path(f).read_text()) for f in pool.game_files}
+
+    assert len(own) == 2 and not set(own.game_files) & set(train.game_files)
+    assert not games(own) & games(train)
+    assert sorted(own.expert_plans) == [0, 1]
 
 
 def test_two_plus_two_iterations_equal_four(tmp_path):
