@@ -208,7 +208,8 @@ def test_xla_arguments_equal_planned_state_plus_batch():
     the batch rows of one device (scalars: step, key): XLA agrees with device_bytes."""
     import dataclasses
 
-    config = load_config("demo")  # KL off: the batch has no reference log-probs
+    config = load_config("demo")
+    config.loss.kl_type, config.loss.kl_coef = "none", 0.0  # KL off: the batch has no reference log-probs
     cfg, sizes = tiny(), {"data": 1, "fsdp": 4, "tensor": 2}
     work = dataclasses.replace(
         plan.Workload.from_config(config), mini_batch_rows=16, micro_batch_rows=8, seq_len=64

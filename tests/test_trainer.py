@@ -46,6 +46,7 @@ def tiny_config(workdir: Path, iterations: int):
     c.train.mini_batch_rows = 8
     c.train.micro_batch_rows = 4
     c.checkpoint.every = 1
+    c.loss.kl_type, c.loss.kl_coef = "low_var_kl", 0.02  # the KL reference survives warm start and resume
     c.log.progress = False
     c.log.tensorboard = False
     return c
