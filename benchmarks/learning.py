@@ -57,6 +57,7 @@ def main() -> None:
         summary = run(warm)
         for split, res in summary["eval"]["before"].items():
             table["warm start"].setdefault(split, []).append(res["all"])
+        print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
         for algo in ALGOS:
             c = base.copy_and_resolve_references()
             c.algo = algo
