@@ -50,10 +50,14 @@ def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) 
     if split not in GEN_SPLITS:
         return TaskPool.from_split(config.env.data_dir or None, split)
     g = config.env.gen
-    n = {"train": g.n_train, "warmstart": config.warmstart.n_games}.get(purpose, g.n_eval)
-    # Every purpose draws its own games of the same distribution: evaluation's are held out from both
-    # training sets, and the warm start's (with warmstart.own_games) are never RL's.
-    seed = g.seed + {"train": 0, "eval": 1000, "warmstart": 2000}[purpose]
+    # Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
+    # held out from both training sets, and the warm start's (with warmstart.own_games) are never RL's.
+    n, offset = {
+        "train": (g.n_train, 0),
+        "eval": (g.n_eval, 1000),
+        "warmstart": (config.warmstart.n_games, 2000),
+    }[purpose]
+    seed = g.seed + offset
 
     def generate() -> TaskPool:
         return TaskPool.generated(
