@@ -157,8 +157,9 @@ class Trainer:
             history = self._restore()
             warm_dir = self.workdir / "hf_warmstart"
             if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
-                ref = nnx.split(load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0])[1]
-                self.ref_params = self._laid_out_like_state(ref)
+                self.ref_params = nnx.split(
+                    load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0]
+                )[1]
         self.logger = MetricLogger(
             self.workdir / "logs",
             tensorboard=c.log.tensorboard and self.is_main,
@@ -266,11 +267,6 @@ class Trainer:
     def save(self) -> None:
         self.ckpt.save(int(self.host["iteration"]), self.state, self._host_state())
 
-    def _laid_out_like_state(self, params):
-        """The KL reference placed as the live params are: the compiled log-prob function, built for the
-        live params' shardings, rejects the layout an SFT step's output or a checkpoint load may have."""
-        return jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.state.params))
-
     def _restore(self) -> list[dict]:
         state, host = self.ckpt.restore(self.state)
         self.state = state
@@ -351,7 +347,7 @@ class Trainer:
         )
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
-            self.ref_params = self._laid_out_like_state(params)
+            self.ref_params = params
         save_pretrained(  # the KL reference of a resumed run
             nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
         )

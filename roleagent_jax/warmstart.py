@@ -128,8 +128,12 @@ def examples_from_episodes(
     return out
 
 
-def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
-    """Jitted (params, opt_state, batch) -> (params, opt_state, loss): mean NLL of the target tokens."""
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation, param_sharding=None) -> Callable:
+    """Jitted (params, opt_state, batch) -> (params, opt_state, loss): mean NLL of the target tokens.
+
+    With `param_sharding` the updated params keep that layout; left to propagation, XLA may shard a small
+    vector differently, and the functions compiled for the model's layout (the KL reference's log-probs)
+    would then reject the warm-started params."""
 
     def loss_fn(params, batch):
         model = nnx.merge(graphdef, params)
@@ -143,7 +147,10 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        params = optax.apply_updates(params, updates)
+        if param_sharding is not None:
+            params = jax.lax.with_sharding_constraint(params, param_sharding)
+        return params, opt_state, loss
 
     return step
 
@@ -190,7 +197,7 @@ def run_sft(
         optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps))
     )
     opt_state = optimizer.init(params)
-    step_fn = make_sft_step(graphdef, optimizer)
+    step_fn = make_sft_step(graphdef, optimizer, jax.tree.map(lambda x: x.sharding, params))
     prompts = [encode_prompt(e.prompt) for e in examples]
     targets = [encode_target(e.target) for e in examples]
     rng = np.random.default_rng(seed)
