@@ -92,6 +92,9 @@ def get_config() -> ConfigDict:
     c.train.mini_batch_rows = 256  # rows per optimizer step
     c.train.micro_batch_rows = 32  # rows per accumulation micro-batch
     c.train.ppo_epochs = 1
+    # recompute: a forward pass before the update (robust to a lower-precision sampler) | sampler: the
+    # rollout's own log-probs, one pass fewer
+    c.train.old_logprobs = "recompute"
 
     c.wia = ConfigDict()
     c.wia.mode = "separate"  # separate (the paper's) | inline (the public code's) | off

@@ -13,6 +13,7 @@ CHOICES = {
     "loss.kl_type": ("low_var_kl", "kl", "none"),
     "loss.agg": ("token-mean", "seq-mean-token-mean"),
     "optim.schedule": ("constant", "cosine"),
+    "train.old_logprobs": ("recompute", "sampler"),
     "wia.mode": ("separate", "inline", "off"),
     "wia.backend": ("rapidfuzz", "difflib"),
     "aiw.analyser": ("llm", "heuristic"),

@@ -467,18 +467,22 @@ class Trainer:
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
         """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile).
 
-        Old-policy (and reference) log-probs are computed for every row before the first update, so
-        the ratio of later mini-batches measures how far the policy has moved in this iteration.
+        Old-policy (and reference) log-probs are fixed for every row before the first update, so the
+        ratio of later mini-batches measures how far the policy has moved in this iteration. With
+        ``train.old_logprobs='sampler'`` the old ones are the sampler's own (log_softmax of the raw
+        logits, the same quantity as the recomputed ones), which saves one forward pass over the batch.
         """
         c = self.config
         if not rows:
             return {}
+        from_sampler = c.train.old_logprobs == "sampler"
         packed = pack_rows(
             [r.prompt_ids for r in rows],
             [r.response_ids for r in rows],
             self.pad_id,
             max_prompt=c.rollout.max_prompt_tokens,
             max_response=c.rollout.max_response_tokens,
+            response_logprobs=[r.logprobs for r in rows] if from_sampler else None,
         )
         n, mb = len(rows), c.train.mini_batch_rows
         padded = -(-n // mb) * mb
@@ -495,7 +499,9 @@ class Trainer:
                 chunks.append(distributed.fetch(self.logprob_fn(params, chunk)))
             return np.concatenate(chunks)
 
-        packed["old_logprobs"] = logprobs(self.state.params)
+        packed["old_logprobs"] = (
+            packed.pop("sampler_logprobs") if from_sampler else logprobs(self.state.params)
+        )
         packed["ref_logprobs"] = (
             logprobs(self.ref_params) if self.ref_params is not None else packed["old_logprobs"]
         )

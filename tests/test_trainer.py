@@ -109,6 +109,41 @@ def test_two_plus_two_iterations_equal_four(tmp_path):
     assert len(lines) == len((tmp_path / "full" / "failure_memory.jsonl").read_text().splitlines())
 
 
+def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
+    """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
+    forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
+    from roleagent_jax.trainer import Trainer
+
+    c = tiny_config(tmp_path, 1)
+    c.train.old_logprobs = "sampler"
+    trainer = Trainer(c)
+    try:
+        trainer.warm_start()
+        params0 = jax.device_get(trainer.state.params)
+        batches, passes = [], []
+        step, logprob_fn = trainer.train_step, trainer.logprob_fn
+
+        def spy_step(state, batch):
+            batches.append(jax.device_get(batch))
+            return step(state, batch)
+
+        def spy_logprobs(params, batch):
+            passes.append(params)
+            return logprob_fn(params, batch)
+
+        trainer.train_step, trainer.logprob_fn = spy_step, spy_logprobs
+        trainer.iteration(0)
+        assert batches and len(passes) == len(batches)  # one chunk per mini-batch: the reference only
+        for batch in batches:
+            mask = batch["loss_mask"] > 0
+            assert mask.any()
+            model_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
+            recomputed = np.asarray(logprob_fn(params0, model_batch))
+            np.testing.assert_allclose(batch["old_logprobs"][mask], recomputed[mask], atol=2e-4)
+    finally:
+        trainer.close()
+
+
 def cli(workdir: Path, *overrides: str) -> list[str]:
     small = [
         "--config.model.init.hidden_size=32", "--config.model.init.intermediate_size=64",
