@@ -25,7 +25,7 @@ def get_config():
     c = base.get_config()
     c.algo = "roleagent"
     c.workdir = "runs/demo"
-    c.iterations = 6
+    c.iterations = 8
 
     c.model.path = ""
     c.model.init.hidden_size = 128
@@ -54,11 +54,12 @@ def get_config():
 
     c.advantage.mode = "mean_norm"
     c.advantage.credit_invalid = False  # a won episode's invalid detours get no credit
-    c.loss.kl_coef = 0.02
-    c.loss.kl_type = "low_var_kl"
+    c.advantage.invalid_penalty = 2.0  # every step group then ranks valid actions above invalid ones
+    c.loss.kl_type = "none"  # at lr 1e-4 the KL to the warm start stays near 0.01: not worth a pass
     c.optim.lr = 1e-4
     c.train.mini_batch_rows = 128
     c.train.micro_batch_rows = 32
+    c.train.old_logprobs = "sampler"  # one forward pass fewer per update: two more iterations in 15 min
 
     c.wia.mode = "separate"
     c.wia.horizon = 1
