@@ -8,8 +8,8 @@ Evaluation runs on held-out generated games (seen and unseen pools) before and a
 
 The warm start imitates the expert's plan only: it never shows how to get out of a mistake (an
 inadmissible command, then "Nothing happens."), and the tiny model loops there. That is a skill that
-carries over to unseen games and that RL finds in a few minutes: in two seeds, the share of valid
-actions in training rose from 36% to 48% and from 25% to 42% within the 6 iterations. Imitating
+carries over to unseen games and that RL finds in a few minutes: in three seeds, the share of valid
+actions in training rose from 25-36% to 43-45% within the 8 iterations. Imitating
 recovery too (`warmstart.explore` > 0) gives a stronger start from which these few minutes of RL gain
 nothing measurable (README, "The demo's learning, honestly").
 """
