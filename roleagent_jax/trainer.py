@@ -35,7 +35,14 @@ from roleagent_jax.rollout import RolloutResult, RolloutSettings, collect, wia_m
 from roleagent_jax.sampling import Sampler, SamplingParams, capped_batch_buckets
 from roleagent_jax.sharding import make_mesh, shard_model
 from roleagent_jax.tokenizer import chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
-from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
+from roleagent_jax.train_step import (
+    MODEL_KEYS,
+    TrainState,
+    make_logprob_fn,
+    make_optimizer,
+    make_train_step,
+    pack_rows,
+)
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
 
 GEN_SPLITS = ("gen_seen", "gen_unseen")
@@ -470,7 +477,8 @@ class Trainer:
         Old-policy (and reference) log-probs are fixed for every row before the first update, so the
         ratio of later mini-batches measures how far the policy has moved in this iteration. With
         ``train.old_logprobs='sampler'`` the old ones are the sampler's own (log_softmax of the raw
-        logits, the same quantity as the recomputed ones), which saves one forward pass over the batch.
+        logits, the same quantity as the recomputed ones; the rollout cut prompts to the same limit), which
+        saves one forward pass over the batch.
         """
         c = self.config
         if not rows:
@@ -490,7 +498,7 @@ class Trainer:
         packed = {k: v[fill] for k, v in packed.items()}
         packed["loss_mask"][n:] = 0  # padding rows repeat row 0 but weigh nothing
         packed["advantages"] = adv[fill].astype(np.float32)
-        model_keys = ("input_ids", "attention_mask", "positions", "loss_mask")
+        model_keys = (*MODEL_KEYS, "loss_mask")
 
         def logprobs(params) -> np.ndarray:
             chunks = []

@@ -112,6 +112,7 @@ def test_two_plus_two_iterations_equal_four(tmp_path):
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
+    from roleagent_jax.train_step import MODEL_KEYS
     from roleagent_jax.trainer import Trainer
 
     c = tiny_config(tmp_path, 1)
@@ -133,11 +134,12 @@ def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
 
         trainer.train_step, trainer.logprob_fn = spy_step, spy_logprobs
         trainer.iteration(0)
-        assert batches and len(passes) == len(batches)  # one chunk per mini-batch: the reference only
+        assert c.train.ppo_epochs == 1  # so one log-prob chunk per mini-batch means: the reference only
+        assert batches and len(passes) == len(batches)
         for batch in batches:
             mask = batch["loss_mask"] > 0
             assert mask.any()
-            model_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
+            model_batch = {k: batch[k] for k in (*MODEL_KEYS, "loss_mask")}
             recomputed = np.asarray(logprob_fn(params0, model_batch))
             np.testing.assert_allclose(batch["old_logprobs"][mask], recomputed[mask], atol=2e-4)
     finally:
