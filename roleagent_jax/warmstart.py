@@ -43,21 +43,33 @@ def expert_episodes(
     replans from wherever it ends up. Every step records the expert's command for the state actually
     visited as its target (`response`) and the command played as `action`: imitation then also covers
     the states a learner's own mistakes lead to, which pure expert play never shows (DAgger's point).
+
+    Without exploration, games with a known winning plan (generated games keep the planner's) replay it
+    with the planner off: the same trajectories, without planning every step again.
     """
     if not 0.0 <= explore < 1.0:
         raise ValueError(f"explore must be in [0, 1), got {explore}")
     rng = np.random.default_rng(seed)
-    resets = envs.reset(list(task_ids), expert=True)
+    known = getattr(getattr(envs, "pool", None), "expert_plans", {})
+    replay = explore == 0.0 and all(int(t) in known for t in task_ids)
+    resets = envs.reset(list(task_ids), expert=not replay)
     trajs, obs, infos = [], [], []
     for tid, (o, info) in zip(task_ids, resets, strict=True):
         trajs.append(Trajectory(int(tid), info.get("task_type", ""), info.get("goal", "")))
         obs.append(o)
         infos.append(info)
-    active = [i for i in range(len(trajs)) if infos[i].get("expert_plan")]
+
+    def plan(i: int) -> list[str]:
+        """What is left of the expert's plan for episode i."""
+        if replay:
+            return known[int(task_ids[i])][len(trajs[i].steps) :]
+        return infos[i].get("expert_plan") or []
+
+    active = [i for i in range(len(trajs)) if plan(i)]
     for _ in range(max_steps):
         if not active:
             break
-        labels = {i: infos[i]["expert_plan"][0] for i in active}
+        labels = {i: plan(i)[0] for i in active}
         actions = {i: _explore_action(rng, explore, labels[i], infos[i], trajs[i]) for i in active}
         outcomes = envs.step(actions)
         still = []
@@ -77,7 +89,7 @@ def expert_episodes(
             )
             trajs[i].won = trajs[i].won or bool(info.get("won"))
             obs[i], infos[i] = next_obs, info
-            if not done and info.get("expert_plan") and not info.get("env_failed"):
+            if not done and plan(i) and not info.get("env_failed"):
                 still.append(i)
         active = still
     return trajs

@@ -1,5 +1,6 @@
 """Warm-start data: expert play with DAgger-style detours, labelled by the engine's replanned expert."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -38,6 +39,27 @@ def test_detours_are_labelled_with_the_replanned_expert_command(pool):
             obs, _, _, info = env.step(step.action)
             assert step.next_observation == obs
         assert info["won"]
+
+
+def test_known_plans_replay_without_the_planner_and_give_the_planners_episodes(pool):
+    """Generated games keep the planner's winning plan: replaying it (planner off) gives the same episodes."""
+    bare = TaskPool.from_files(pool.game_files)  # same games, plans unknown: the planner plays
+    assert len(pool.expert_plans) == len(pool) and not bare.expert_plans
+    episodes, expert_flags = {}, {}
+    for name, tasks in (("replay", pool), ("planner", bare)):
+        with EnvPool(tasks, num_workers=2, max_steps=50) as envs:
+
+            def spy(ids, expert=None, _reset=envs.reset, _name=name):
+                expert_flags[_name] = expert
+                return _reset(ids, expert)
+
+            envs.reset = spy
+            episodes[name] = expert_episodes(envs, list(range(len(pool))), 50)
+    assert expert_flags == {"replay": False, "planner": True}
+    assert all(t.won for t in episodes["replay"])
+    assert [dataclasses.asdict(t) for t in episodes["replay"]] == [
+        dataclasses.asdict(t) for t in episodes["planner"]
+    ]
 
 
 def test_examples_train_the_label_and_show_the_played_history(pool):

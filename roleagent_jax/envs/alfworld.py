@@ -9,6 +9,7 @@ task into the planner library and renders the intro text.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExp
 from textworld.core import GameState
 from textworld.envs.pddl import PddlEnv
 from textworld.envs.pddl import logic as pddl_logic
+from textworld.envs.pddl.textgen import ContextSensitiveGrammar
 from textworld.logic import Proposition, Type, Variable
 
 TASK_TYPES = (
@@ -141,10 +143,40 @@ def _read_json(path: str) -> dict:
     return _JSON_CACHE.get_or_make(key, make)
 
 
+_TASK_RULE = re.compile(r'"task"\s*:\s*\[\s*\{\s*"rhs"\s*:\s*"((?:[^"\\]|\\.)*)"\s*\}\s*\]')
+_TASK_PLACEHOLDER = "TASK"
+
+
 def _logic_for(domain: str, grammar: str) -> pddl_logic.GameLogic:
-    return _LOGIC_CACHE.get_or_make(
-        (domain, grammar), lambda: pddl_logic.GameLogic(domain=domain, grammar=grammar)
-    )
+    """The game logic of (domain, grammar), cached.
+
+    Games share one grammar but for their "task" rule (the goal sentence), and parsing the grammar is
+    half the cost of loading a game. So the grammar is parsed once with a placeholder sentence, and each
+    game gets a copy whose "task" rule alone is parsed from its own sentence. Grammars without exactly
+    one such rule are parsed whole.
+    """
+
+    def parse_whole() -> pddl_logic.GameLogic:
+        return pddl_logic.GameLogic(domain=domain, grammar=grammar)
+
+    found = list(_TASK_RULE.finditer(grammar))
+    if len(found) != 1:
+        return _LOGIC_CACHE.get_or_make((domain, grammar), parse_whole)
+    at = found[0].span(1)
+    shared = grammar[: at[0]] + _TASK_PLACEHOLDER + grammar[at[1] :]
+
+    def with_own_task() -> pddl_logic.GameLogic:
+        base = _LOGIC_CACHE.get_or_make((domain, shared), lambda: pddl_logic.GameLogic(domain, shared))
+        rhs = json.loads(f'"{found[0].group(1)}"')
+        task_rules = ContextSensitiveGrammar.parse(json.dumps({"task": [{"rhs": rhs}]}))._rules["task"]
+        logic = copy.copy(base)  # rules and actions are shared, never mutated (derivation copies them)
+        logic.types = textworld.logic.TypeHierarchy()  # filled per game as its states are made
+        logic.grammar = ContextSensitiveGrammar()
+        logic.grammar._rules = defaultdict(list, base.grammar._rules)
+        logic.grammar._rules["task"] = task_rules
+        return logic
+
+    return _LOGIC_CACHE.get_or_make((domain, grammar), with_own_task)
 
 
 @dataclass

@@ -18,11 +18,27 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import wait
 
 from roleagent_jax.envs.base import TaskPool
 
 _CTX = mp.get_context("spawn")
+
+
+@contextmanager
+def main_hidden() -> Iterator[None]:
+    """Processes spawned inside this block skip the caller's `__main__` (they import no JAX).
+
+    Without __file__/__spec__ on __main__, spawn does not re-run the caller's script in the child.
+    """
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> None:
@@ -66,13 +82,8 @@ class _Worker:
         self.proc = _CTX.Process(
             target=_worker_main, args=(child, *settings), daemon=True, name=f"envpool-worker-{index}"
         )
-        saved = sys.modules["__main__"]
-        # Without __file__/__spec__ on __main__, spawn does not re-run the caller's script in the child.
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
+        with main_hidden():
             self.proc.start()
-        finally:
-            sys.modules["__main__"] = saved
         child.close()
 
     def kill(self) -> None:

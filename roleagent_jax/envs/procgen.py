@@ -520,12 +520,72 @@ class GeneratedSet:
     manifest: dict
 
 
+def _one_game(folder: Path, i: int, seed: int, pool: str, size: GenSize, max_attempts: int,
+              checker: AlfWorldEnv) -> tuple[str, list[str]]:  # fmt: skip
+    """Game i of a set: (its path relative to folder, the expert's winning plan); resampled until won."""
+    task_type = TASK_TYPES[i % len(TASK_TYPES)]
+    combos = pool_combinations(task_type, pool)
+    for attempt in range(max_attempts):
+        rng = random.Random(f"{seed}:{pool}:{i}:{attempt}")
+        combo = rng.choice(combos)
+        name = f"gen{seed}_{pool}_{i:05d}"
+        game, traj = make_game(combo, size, rng, name)
+        _, room, obj, target = combo
+        rel = Path(f"{task_type}-{obj}-None-{target}-{room}") / f"trial_{name}"
+        path = folder / rel
+        path.mkdir(parents=True, exist_ok=True)
+        game_file = path / GAME_FILE
+        game_file.write_text(json.dumps(game, indent=1))
+        (path / "traj_data.json").write_text(json.dumps(traj, indent=1))
+        plan = expert_check(str(game_file), checker, size.max_expert_steps)
+        if plan is not None:
+            return str(rel / GAME_FILE), plan
+        game_file.unlink()
+        (path / "traj_data.json").unlink()
+        path.rmdir()
+    raise RuntimeError(
+        f"could not generate a solvable {task_type} game for index {i} in {max_attempts} tries"
+    )
+
+
+_worker_checker: AlfWorldEnv | None = None  # one engine per generator process
+
+
+def _worker_init(max_expert_steps: int) -> None:
+    global _worker_checker
+    _worker_checker = AlfWorldEnv(max_steps=max_expert_steps, expert_plan=True, expert_type="planner")
+
+
+def _worker_game(args: tuple) -> tuple[str, list[str]]:
+    return _one_game(*args, checker=_worker_checker)
+
+
+def _checked_games(folder: Path, n: int, seed: int, pool: str, size: GenSize, max_attempts: int,
+                   workers: int | None) -> list[tuple[str, list[str]]]:  # fmt: skip
+    """Every game of the set, in index order, made in `workers` processes (None: one per core, max 8)."""
+    workers = min(os.cpu_count() or 1, 8) if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    jobs = [(folder, i, seed, pool, size, max_attempts) for i in range(n)]
+    workers = min(workers, n // 4)  # a process costs about a second to start: not worth it for a few games
+    if workers <= 1:
+        checker = AlfWorldEnv(max_steps=size.max_expert_steps, expert_plan=True, expert_type="planner")
+        return [_one_game(*job, checker=checker) for job in jobs]
+    from roleagent_jax.envs.pool import _CTX, main_hidden
+
+    with main_hidden():
+        procs = _CTX.Pool(workers, initializer=_worker_init, initargs=(size.max_expert_steps,))
+    with procs:
+        return list(procs.imap(_worker_game, jobs))
+
+
 def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", size: GenSize | None = None,
-             max_attempts: int = 50) -> GeneratedSet:  # fmt: skip
+             max_attempts: int = 50, workers: int | None = None) -> GeneratedSet:  # fmt: skip
     """Write n expert-checked games (task types in turn) into out_dir, or reuse them if already there.
 
-    Same arguments -> byte-identical files. Game i uses its own RNG seeded by (seed, pool, i, attempt),
-    so one game's resampling never shifts the others.
+    Same arguments -> byte-identical files, whatever `workers` is. Game i uses its own RNG seeded by
+    (seed, pool, i, attempt), so one game's resampling never shifts the others, and the games can be
+    made in parallel processes (`workers`; None: one per core, at most 8).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -543,35 +603,9 @@ def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", 
             f"{folder} already holds generated games made with other settings ({manifest.get('params')}); "
             "use another folder or delete it"
         )
-    combos = {t: pool_combinations(t, pool) for t in TASK_TYPES}
-    checker = AlfWorldEnv(max_steps=size.max_expert_steps, expert_plan=True, expert_type="planner")
-    games, plans = [], {}
-    for i in range(n):
-        task_type = TASK_TYPES[i % len(TASK_TYPES)]
-        for attempt in range(max_attempts):
-            rng = random.Random(f"{seed}:{pool}:{i}:{attempt}")
-            combo = rng.choice(combos[task_type])
-            name = f"gen{seed}_{pool}_{i:05d}"
-            game, traj = make_game(combo, size, rng, name)
-            _, room, obj, target = combo
-            rel = Path(f"{task_type}-{obj}-None-{target}-{room}") / f"trial_{name}"
-            path = folder / rel
-            path.mkdir(parents=True, exist_ok=True)
-            game_file = path / GAME_FILE
-            game_file.write_text(json.dumps(game, indent=1))
-            (path / "traj_data.json").write_text(json.dumps(traj, indent=1))
-            plan = expert_check(str(game_file), checker, size.max_expert_steps)
-            if plan is not None:
-                games.append(str(rel / GAME_FILE))
-                plans[str(rel / GAME_FILE)] = plan
-                break
-            game_file.unlink()
-            (path / "traj_data.json").unlink()
-            path.rmdir()
-        else:
-            raise RuntimeError(
-                f"could not generate a solvable {task_type} game for index {i} in {max_attempts} tries"
-            )
+    made = _checked_games(folder, n, seed, pool, size, max_attempts, workers)
+    games = [rel for rel, _ in made]
+    plans = dict(made)
     manifest = {"params": params, "games": sorted(games), "expert_plans": plans}
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return GeneratedSet(folder, sorted(str(folder / g) for g in games), manifest)
