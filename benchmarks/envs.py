@@ -4,6 +4,8 @@
 
 Plays the same random admissible actions (fixed seed) on the same generated games in one process and
 through EnvPool with each worker count, and times cold resets, cached resets and steps of one env.
+Also side by side: a game's logic parsed whole (textworld) against the shared parse with the game's own
+task rule, and procedural generation in one process against worker processes.
 The last line is one JSON object {"bench": "envs", ...}.
 """
 
@@ -16,8 +18,10 @@ import random
 import tempfile
 import time
 
-from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool
-from roleagent_jax.envs.alfworld import clear_caches
+from textworld.envs.pddl.logic import GameLogic
+
+from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool, procgen
+from roleagent_jax.envs.alfworld import _logic_for, _read_json, clear_caches
 
 
 def choose(admissible: list[str], seed: int, slot: int, step: int) -> str:
@@ -79,16 +83,60 @@ def time_one_env(pool: TaskPool, repeats: int = 5) -> dict[str, float]:
     return {"reset_cold_ms": ms(cold), "reset_cached_ms": ms(warm), "step_ms": ms(step)}
 
 
+def time_logic(pool: TaskPool) -> dict[str, float]:
+    """ms per game to build its logic: textworld's whole parse vs the shared parse (cold cache)."""
+    games = [_read_json(f) for f in pool.game_files]
+    clear_caches()
+    start = time.perf_counter()
+    for g in games:
+        GameLogic(g["pddl_domain"], g["grammar"])
+    whole = (time.perf_counter() - start) / len(games)
+    start = time.perf_counter()
+    for g in games:
+        _logic_for(g["pddl_domain"], g["grammar"])
+    shared = (time.perf_counter() - start) / len(games)
+    return {"logic_whole_ms": 1000 * whole, "logic_shared_ms": 1000 * shared}
+
+
+def time_generation(n: int, workers: int) -> dict[str, float]:
+    """Seconds to generate n expert-checked games in one process vs `workers` processes."""
+    out = {}
+    for w in (1, workers):
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            procgen.generate(tmp, n, seed=1, pool="seen", workers=w)
+            out[f"generate_{n}_games_s_{w}_proc"] = time.perf_counter() - start
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gen-games", type=int, default=48, help="games generated per side of the comparison")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pool = TaskPool.generated(tmp, n=12, seed=0, pool="seen")
         timing = time_one_env(pool)
+        timing.update(time_logic(pool))
+        print(
+            f"game logic: whole parse {timing['logic_whole_ms']:.0f} ms, shared parse "
+            f"{timing['logic_shared_ms']:.0f} ms ({timing['logic_whole_ms'] / timing['logic_shared_ms']:.1f}x)",
+            flush=True,
+        )
+        gen_workers = max(2, min(os.cpu_count() or 1, 8))
+        timing.update(time_generation(args.gen_games, gen_workers))
+        one, many = (
+            timing[f"generate_{args.gen_games}_games_s_1_proc"],
+            timing[f"generate_{args.gen_games}_games_s_{gen_workers}_proc"],
+        )
+        print(
+            f"generation of {args.gen_games} games: 1 process {one:.1f} s, {gen_workers} {many:.1f} s "
+            f"({one / many:.2f}x)",
+            flush=True,
+        )
         single = run_single(pool, args.envs, args.steps, args.seed)
         print(f"single process: {single:.1f} steps/s", flush=True)
         pooled = {}
