@@ -22,10 +22,45 @@ import fast_downward
 import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
 from textworld.core import GameState
-from textworld.envs.pddl import PddlEnv
+from textworld.envs.pddl import PddlEnv, textgen
 from textworld.envs.pddl import logic as pddl_logic
 from textworld.envs.pddl.textgen import ContextSensitiveGrammar
-from textworld.logic import Proposition, Type, Variable
+from textworld.logic import Proposition, Rule, Type, Variable
+
+
+def _memoize_textworld_parsers() -> None:
+    """Make textworld's two string parsers remember what they parsed, in this process.
+
+    Every step renders its feedback through the grammar, which re-parses the same rule strings with
+    tatsu: the symbols of each rule (`textgen._parse_and_convert`) and each rule's condition
+    (`Rule.parse_conjunctive_query`). That is most of a step's time. Both are pure functions of their
+    arguments, so they are cached: symbol lists come back as deep copies (derivation sets their
+    context), query rules as the same object (only read). Installed once, at import.
+    """
+    if getattr(textgen._parse_and_convert, "memoized", False):
+        return
+    parse_symbols, parse_query = textgen._parse_and_convert, Rule.parse_conjunctive_query
+    symbols: dict = {}
+    queries: dict = {}
+
+    def cached_symbols(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in symbols:
+            symbols[key] = parse_symbols(*args, **kwargs)
+        return copy.deepcopy(symbols[key])
+
+    def cached_query(expr: str) -> Rule:
+        if expr not in queries:
+            queries[expr] = parse_query(expr)
+        return queries[expr]
+
+    cached_symbols.memoized = True
+    textgen._parse_and_convert = cached_symbols
+    Rule.parse_conjunctive_query = staticmethod(cached_query)
+
+
+_memoize_textworld_parsers()
+
 
 TASK_TYPES = (
     "pick_and_place_simple",
