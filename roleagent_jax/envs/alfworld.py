@@ -4,7 +4,9 @@ One `AlfWorldEnv` plays one game at a time and can be reset to any game file. Th
 same few games thousands of times, so everything that depends only on a game file is computed once
 per process and kept: the parsed JSON, the grammar (`GameLogic`) and Fast Downward's PDDL -> SAS
 translation, which is most of the cost of a plain `PddlEnv.reset`. A reset then only reloads the SAS
-task into the planner library and renders the intro text.
+task into the planner library and renders the intro text. Games differ in their grammar only by the
+task sentence, so one parse serves them all; and textworld's rule-string parsers, which re-parsed the
+same strings on every step, remember their results (steps about 3x faster).
 """
 
 from __future__ import annotations
