@@ -4,8 +4,9 @@
 
 Plays the same random admissible actions (fixed seed) on the same generated games in one process and
 through EnvPool with each worker count, and times cold resets, cached resets and steps of one env.
-Also side by side: a game's logic parsed whole (textworld) against the shared parse with the game's own
-task rule, and procedural generation in one process against worker processes.
+Also side by side: one env with textworld's own rule-string parsers against the memoized ones, a game's
+logic parsed whole (textworld) against the shared parse with the game's own task rule, and procedural
+generation in one process against worker processes.
 The last line is one JSON object {"bench": "envs", ...}.
 """
 
@@ -21,7 +22,7 @@ import time
 from textworld.envs.pddl.logic import GameLogic
 
 from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool, procgen
-from roleagent_jax.envs.alfworld import _logic_for, _read_json, clear_caches
+from roleagent_jax.envs.alfworld import _logic_for, _read_json, clear_caches, memoize_textworld_parsers
 
 
 def choose(admissible: list[str], seed: int, slot: int, step: int) -> str:
@@ -84,18 +85,23 @@ def time_one_env(pool: TaskPool, repeats: int = 5) -> dict[str, float]:
 
 
 def time_logic(pool: TaskPool) -> dict[str, float]:
-    """ms per game to build its logic: textworld's whole parse vs the shared parse (cold cache)."""
+    """ms per game to build its logic: textworld's own parse of each game's grammar (cold) vs ours, the
+    grammar parsed once for all games with each game's task rule on top (memoized parsers)."""
     games = [_read_json(f) for f in pool.game_files]
+    memoize_textworld_parsers(False)
+    whole = 0.0
+    for g in games:
+        clear_caches()
+        start = time.perf_counter()
+        GameLogic(g["pddl_domain"], g["grammar"])
+        whole += time.perf_counter() - start
+    memoize_textworld_parsers(True)
     clear_caches()
     start = time.perf_counter()
     for g in games:
-        GameLogic(g["pddl_domain"], g["grammar"])
-    whole = (time.perf_counter() - start) / len(games)
-    start = time.perf_counter()
-    for g in games:
         _logic_for(g["pddl_domain"], g["grammar"])
-    shared = (time.perf_counter() - start) / len(games)
-    return {"logic_whole_ms": 1000 * whole, "logic_shared_ms": 1000 * shared}
+    shared = time.perf_counter() - start
+    return {"logic_whole_ms": 1000 * whole / len(games), "logic_shared_ms": 1000 * shared / len(games)}
 
 
 def time_generation(n: int, workers: int) -> dict[str, float]:
@@ -119,7 +125,18 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pool = TaskPool.generated(tmp, n=12, seed=0, pool="seen")
+        memoize_textworld_parsers(False)
+        plain = time_one_env(pool)
+        memoize_textworld_parsers(True)
         timing = time_one_env(pool)
+        timing.update({f"{k}_textworld_parsers": v for k, v in plain.items()})
+        print(
+            "one env, textworld's parsers -> memoized: "
+            + ", ".join(
+                f"{k} {plain[k]:.1f} -> {timing[k]:.1f} ({plain[k] / timing[k]:.1f}x)" for k in plain
+            ),
+            flush=True,
+        )
         timing.update(time_logic(pool))
         print(
             f"game logic: whole parse {timing['logic_whole_ms']:.0f} ms, shared parse "

@@ -233,18 +233,26 @@ def test_games_share_one_parsed_grammar_yet_play_like_plain_textworld(seen12):
             assert [obs, info["admissible_commands"]] == ref[k + 1]
 
 
-def test_memoized_parsers_hand_out_fresh_symbols():
+def test_memoized_parsers_hand_out_fresh_symbols_and_can_be_undone():
     """Derivation sets each symbol's context: a cached parse must come back as new, equal objects."""
     from textworld.envs.pddl import textgen
     from textworld.logic import Rule
 
-    import roleagent_jax.envs.alfworld  # noqa: F401  (installs the memoized parsers)
+    from roleagent_jax.envs.alfworld import memoize_textworld_parsers
 
     text = "You arrive at {r.name}. #examineReceptacle.feedback# [{o.name | inreceptacle(o, r)}]"
+    query = "inreceptacle(o, r)"
     first = textgen._parse_and_convert(text, rule_name="symbols")
     second = textgen._parse_and_convert(text, rule_name="symbols")
     assert repr(first) == repr(second) and len(first) >= 4
     assert all(a is not b for a, b in zip(first, second, strict=True))
-    assert Rule.parse_conjunctive_query("inreceptacle(o, r)") is Rule.parse_conjunctive_query(
-        "inreceptacle(o, r)"
-    )
+    assert Rule.parse_conjunctive_query(query) is Rule.parse_conjunctive_query(query)
+    memoize_textworld_parsers(False)
+    try:
+        plain = textgen._parse_and_convert(text, rule_name="symbols")
+        assert repr(plain) == repr(first)
+        assert Rule.parse_conjunctive_query(query) is not Rule.parse_conjunctive_query(query)
+        assert str(Rule.parse_conjunctive_query(query)) == str(Rule.parse_conjunctive_query(query))
+    finally:
+        memoize_textworld_parsers(True)
+    assert Rule.parse_conjunctive_query(query) is Rule.parse_conjunctive_query(query)

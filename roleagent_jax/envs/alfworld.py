@@ -29,39 +29,38 @@ from textworld.envs.pddl import logic as pddl_logic
 from textworld.envs.pddl.textgen import ContextSensitiveGrammar
 from textworld.logic import Proposition, Rule, Type, Variable
 
+_PLAIN_SYMBOLS = textgen._parse_and_convert  # textworld's own parsers, kept to restore them
+_PLAIN_QUERY = Rule.__dict__["parse_conjunctive_query"]
+_SYMBOLS_CACHE: dict = {}
+_QUERY_CACHE: dict = {}
 
-def _memoize_textworld_parsers() -> None:
-    """Make textworld's two string parsers remember what they parsed, in this process.
+
+def _cached_symbols(*args, **kwargs) -> list:
+    key = (args, tuple(sorted(kwargs.items())))
+    if key not in _SYMBOLS_CACHE:
+        _SYMBOLS_CACHE[key] = _PLAIN_SYMBOLS(*args, **kwargs)
+    return copy.deepcopy(_SYMBOLS_CACHE[key])  # derivation sets each symbol's context
+
+
+def _cached_query(expr: str) -> Rule:
+    if expr not in _QUERY_CACHE:
+        _QUERY_CACHE[expr] = _PLAIN_QUERY.__get__(None, Rule)(expr)
+    return _QUERY_CACHE[expr]  # only read: one object serves every call
+
+
+def memoize_textworld_parsers(enabled: bool = True) -> None:
+    """Make textworld's two rule-string parsers remember what they parsed, in this process (or undo it).
 
     Every step renders its feedback through the grammar, which re-parses the same rule strings with
     tatsu: the symbols of each rule (`textgen._parse_and_convert`) and each rule's condition
-    (`Rule.parse_conjunctive_query`). That is most of a step's time. Both are pure functions of their
-    arguments, so they are cached: symbol lists come back as deep copies (derivation sets their
-    context), query rules as the same object (only read). Installed once, at import.
+    (`Rule.parse_conjunctive_query`). That was most of a step's time. Both are pure functions of their
+    arguments. On at import; `benchmarks/envs.py` turns it off to time textworld's own.
     """
-    if getattr(textgen._parse_and_convert, "memoized", False):
-        return
-    parse_symbols, parse_query = textgen._parse_and_convert, Rule.parse_conjunctive_query
-    symbols: dict = {}
-    queries: dict = {}
-
-    def cached_symbols(*args, **kwargs):
-        key = (args, tuple(sorted(kwargs.items())))
-        if key not in symbols:
-            symbols[key] = parse_symbols(*args, **kwargs)
-        return copy.deepcopy(symbols[key])
-
-    def cached_query(expr: str) -> Rule:
-        if expr not in queries:
-            queries[expr] = parse_query(expr)
-        return queries[expr]
-
-    cached_symbols.memoized = True
-    textgen._parse_and_convert = cached_symbols
-    Rule.parse_conjunctive_query = staticmethod(cached_query)
+    textgen._parse_and_convert = _cached_symbols if enabled else _PLAIN_SYMBOLS
+    Rule.parse_conjunctive_query = staticmethod(_cached_query) if enabled else _PLAIN_QUERY
 
 
-_memoize_textworld_parsers()
+memoize_textworld_parsers()
 
 
 TASK_TYPES = (
@@ -164,8 +163,8 @@ _PLAN_CACHE = _LRU(1024)
 
 
 def clear_caches() -> None:
-    """Forget every cached game, grammar, translation and plan of this process (for cold timings)."""
-    for cache in (_JSON_CACHE, _LOGIC_CACHE, _SAS_CACHE, _PLAN_CACHE):
+    """Forget every cached game, grammar, translation, plan and parse of this process (cold timings)."""
+    for cache in (_JSON_CACHE, _LOGIC_CACHE, _SAS_CACHE, _PLAN_CACHE, _SYMBOLS_CACHE, _QUERY_CACHE):
         cache.clear()
 
 
