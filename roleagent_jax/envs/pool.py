@@ -24,7 +24,7 @@ from multiprocessing.connection import wait
 
 from roleagent_jax.envs.base import TaskPool
 
-_CTX = mp.get_context("spawn")
+SPAWN = mp.get_context("spawn")  # workers never inherit the parent's threads (JAX)
 
 
 @contextmanager
@@ -77,9 +77,9 @@ class _Worker:
     def __init__(self, index: int, settings: tuple):
         self.index = index
         self.ready = False
-        parent, child = _CTX.Pipe()
+        parent, child = SPAWN.Pipe()
         self.conn = parent
-        self.proc = _CTX.Process(
+        self.proc = SPAWN.Process(
             target=_worker_main, args=(child, *settings), daemon=True, name=f"envpool-worker-{index}"
         )
         with main_hidden():

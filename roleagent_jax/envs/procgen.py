@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -571,12 +572,13 @@ def _checked_games(folder: Path, n: int, seed: int, pool: str, size: GenSize, ma
     if workers <= 1:
         checker = AlfWorldEnv(max_steps=size.max_expert_steps, expert_plan=True, expert_type="planner")
         return [_one_game(*job, checker=checker) for job in jobs]
-    from roleagent_jax.envs.pool import _CTX, main_hidden
+    from roleagent_jax.envs.pool import SPAWN, main_hidden
 
-    with main_hidden():
-        procs = _CTX.Pool(workers, initializer=_worker_init, initargs=(size.max_expert_steps,))
-    with procs:
-        return list(procs.imap(_worker_game, jobs))
+    # A worker that dies breaks the executor (an error here, not a hang); results come in index order.
+    with ProcessPoolExecutor(workers, SPAWN, _worker_init, (size.max_expert_steps,)) as executor:
+        with main_hidden():  # map submits every job at once, which starts the workers
+            made = executor.map(_worker_game, jobs)
+        return list(made)
 
 
 def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", size: GenSize | None = None,
