@@ -104,15 +104,15 @@ def time_logic(pool: TaskPool) -> dict[str, float]:
     return {"logic_whole_ms": 1000 * whole / len(games), "logic_shared_ms": 1000 * shared / len(games)}
 
 
-def time_generation(n: int, workers: int) -> dict[str, float]:
-    """Seconds to generate n expert-checked games in one process vs `workers` processes."""
-    out = {}
+def time_generation(n: int, workers: int) -> tuple[float, float]:
+    """Seconds to generate n expert-checked games in one process, then in `workers` processes."""
+    seconds = []
     for w in (1, workers):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             procgen.generate(tmp, n, seed=1, pool="seen", workers=w)
-            out[f"generate_{n}_games_s_{w}_proc"] = time.perf_counter() - start
-    return out
+            seconds.append(time.perf_counter() - start)
+    return seconds[0], seconds[1]
 
 
 def main() -> None:
@@ -121,8 +121,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gen-games", type=int, default=48, help="games generated per side of the comparison")
+    p.add_argument("--gen-games", type=int, default=48, help="games generated on each side of the comparison")
     args = p.parse_args()
+    gen_workers = max(2, min(os.cpu_count() or 1, 8))
+    if args.gen_games < 4 * gen_workers:  # generate() runs fewer games than that in one process
+        p.error(f"--gen-games must be at least {4 * gen_workers} to use {gen_workers} processes")
     with tempfile.TemporaryDirectory() as tmp:
         pool = TaskPool.generated(tmp, n=12, seed=0, pool="seen")
         memoize_textworld_parsers(False)
@@ -143,12 +146,8 @@ def main() -> None:
             f"{timing['logic_shared_ms']:.0f} ms ({timing['logic_whole_ms'] / timing['logic_shared_ms']:.1f}x)",
             flush=True,
         )
-        gen_workers = max(2, min(os.cpu_count() or 1, 8))
-        timing.update(time_generation(args.gen_games, gen_workers))
-        one, many = (
-            timing[f"generate_{args.gen_games}_games_s_1_proc"],
-            timing[f"generate_{args.gen_games}_games_s_{gen_workers}_proc"],
-        )
+        one, many = time_generation(args.gen_games, gen_workers)
+        timing.update({"generate_s_1_proc": one, f"generate_s_{gen_workers}_proc": many})
         print(
             f"generation of {args.gen_games} games: 1 process {one:.1f} s, {gen_workers} {many:.1f} s "
             f"({one / many:.2f}x)",
@@ -163,6 +162,7 @@ def main() -> None:
     result = {
         "bench": "envs",
         "envs": args.envs,
+        "gen_games": args.gen_games,
         "steps_per_env": args.steps,
         "single_steps_per_s": round(single, 2),
         "pool_steps_per_s": {str(w): round(v, 2) for w, v in pooled.items()},

@@ -85,10 +85,16 @@ def test_same_seed_same_files_and_other_seed_differs(tmp_path):
         procgen.generate(tmp_path / "a", 4, seed=11, pool="seen")
 
 
-def test_parallel_generation_writes_the_same_files_as_serial(tmp_path):
+def test_parallel_generation_writes_the_same_files_as_serial(tmp_path, monkeypatch):
     """Games made in worker processes are byte-identical to those made one by one (manifest included)."""
     serial = procgen.generate(tmp_path / "serial", 8, seed=5, pool="unseen", workers=1)
-    parallel = procgen.generate(tmp_path / "parallel", 8, seed=5, pool="unseen", workers=2)
+
+    def no_checking_here(max_expert_steps):
+        raise AssertionError("games must be checked in the worker processes, not in this one")
+
+    with monkeypatch.context() as m:  # the workers import procgen afresh, so they check games as usual
+        m.setattr(procgen, "_checker", no_checking_here)
+        parallel = procgen.generate(tmp_path / "parallel", 8, seed=5, pool="unseen", workers=2)
 
     def tree(made: procgen.GeneratedSet) -> dict[str, bytes]:
         return {

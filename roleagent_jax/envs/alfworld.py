@@ -192,16 +192,12 @@ def _logic_for(domain: str, grammar: str) -> pddl_logic.GameLogic:
     one such rule are parsed whole.
     """
 
-    def parse_whole() -> pddl_logic.GameLogic:
-        return pddl_logic.GameLogic(domain=domain, grammar=grammar)
-
-    found = list(_TASK_RULE.finditer(grammar))
-    if len(found) != 1:
-        return _LOGIC_CACHE.get_or_make((domain, grammar), parse_whole)
-    at = found[0].span(1)
-    shared = grammar[: at[0]] + _TASK_PLACEHOLDER + grammar[at[1] :]
-
-    def with_own_task() -> pddl_logic.GameLogic:
+    def make() -> pddl_logic.GameLogic:
+        found = list(_TASK_RULE.finditer(grammar))
+        if len(found) != 1:
+            return pddl_logic.GameLogic(domain=domain, grammar=grammar)
+        start, end = found[0].span(1)
+        shared = grammar[:start] + _TASK_PLACEHOLDER + grammar[end:]
         base = _LOGIC_CACHE.get_or_make((domain, shared), lambda: pddl_logic.GameLogic(domain, shared))
         rhs = json.loads(f'"{found[0].group(1)}"')
         task_rules = ContextSensitiveGrammar.parse(json.dumps({"task": [{"rhs": rhs}]}))._rules["task"]
@@ -212,7 +208,7 @@ def _logic_for(domain: str, grammar: str) -> pddl_logic.GameLogic:
         logic.grammar._rules["task"] = task_rules
         return logic
 
-    return _LOGIC_CACHE.get_or_make((domain, grammar), with_own_task)
+    return _LOGIC_CACHE.get_or_make((domain, grammar), make)
 
 
 @dataclass

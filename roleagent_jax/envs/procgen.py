@@ -13,6 +13,7 @@ plan is played on the engine and must win) before it is kept; failures are resam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ import alfworld
 from alfworld.gen.goal_library import gdict
 
 from roleagent_jax.envs.alfworld import GAME_FILE, TASK_TYPES, AlfWorldEnv
+from roleagent_jax.envs.pool import SPAWN, main_hidden
 
 _DATA = Path(alfworld.__file__).resolve().parent / "data"
 DOMAIN_FILE = _DATA / "alfred.pddl"
@@ -521,14 +523,25 @@ class GeneratedSet:
     manifest: dict
 
 
-def _one_game(folder: Path, i: int, seed: int, pool: str, size: GenSize, max_attempts: int,
-              checker: AlfWorldEnv) -> tuple[str, list[str]]:  # fmt: skip
+@functools.cache
+def _checker(max_expert_steps: int) -> AlfWorldEnv:
+    """The engine that checks games with alfworld's planner expert: one per process."""
+    return AlfWorldEnv(max_steps=max_expert_steps, expert_plan=True, expert_type="planner")
+
+
+@functools.cache
+def _combinations(task_type: str, pool: str) -> tuple[tuple[str, str, str, str], ...]:
+    return tuple(pool_combinations(task_type, pool))
+
+
+def _one_game(
+    i: int, folder: Path, seed: int, pool: str, size: GenSize, max_attempts: int
+) -> tuple[str, list[str]]:
     """Game i of a set: (its path relative to folder, the expert's winning plan); resampled until won."""
     task_type = TASK_TYPES[i % len(TASK_TYPES)]
-    combos = pool_combinations(task_type, pool)
     for attempt in range(max_attempts):
         rng = random.Random(f"{seed}:{pool}:{i}:{attempt}")
-        combo = rng.choice(combos)
+        combo = rng.choice(_combinations(task_type, pool))
         name = f"gen{seed}_{pool}_{i:05d}"
         game, traj = make_game(combo, size, rng, name)
         _, room, obj, target = combo
@@ -538,7 +551,7 @@ def _one_game(folder: Path, i: int, seed: int, pool: str, size: GenSize, max_att
         game_file = path / GAME_FILE
         game_file.write_text(json.dumps(game, indent=1))
         (path / "traj_data.json").write_text(json.dumps(traj, indent=1))
-        plan = expert_check(str(game_file), checker, size.max_expert_steps)
+        plan = expert_check(str(game_file), _checker(size.max_expert_steps), size.max_expert_steps)
         if plan is not None:
             return str(rel / GAME_FILE), plan
         game_file.unlink()
@@ -549,35 +562,22 @@ def _one_game(folder: Path, i: int, seed: int, pool: str, size: GenSize, max_att
     )
 
 
-_worker_checker: AlfWorldEnv | None = None  # one engine per generator process
-
-
-def _worker_init(max_expert_steps: int) -> None:
-    global _worker_checker
-    _worker_checker = AlfWorldEnv(max_steps=max_expert_steps, expert_plan=True, expert_type="planner")
-
-
-def _worker_game(args: tuple) -> tuple[str, list[str]]:
-    return _one_game(*args, checker=_worker_checker)
-
-
 def _checked_games(folder: Path, n: int, seed: int, pool: str, size: GenSize, max_attempts: int,
                    workers: int | None) -> list[tuple[str, list[str]]]:  # fmt: skip
     """Every game of the set, in index order, made in `workers` processes (None: one per core, max 8)."""
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    jobs = [(folder, i, seed, pool, size, max_attempts) for i in range(n)]
+    make = functools.partial(
+        _one_game, folder=folder, seed=seed, pool=pool, size=size, max_attempts=max_attempts
+    )
     workers = min(workers, n // 4)  # a process costs about a second to start: not worth it for a few games
     if workers <= 1:
-        checker = AlfWorldEnv(max_steps=size.max_expert_steps, expert_plan=True, expert_type="planner")
-        return [_one_game(*job, checker=checker) for job in jobs]
-    from roleagent_jax.envs.pool import SPAWN, main_hidden
-
+        return [make(i) for i in range(n)]
     # A worker that dies breaks the executor (an error here, not a hang); results come in index order.
-    with ProcessPoolExecutor(workers, SPAWN, _worker_init, (size.max_expert_steps,)) as executor:
+    with ProcessPoolExecutor(workers, SPAWN) as executor:
         with main_hidden():  # map submits every job at once, which starts the workers
-            made = executor.map(_worker_game, jobs)
+            made = executor.map(make, range(n))
         return list(made)
 
 
