@@ -535,6 +535,8 @@ class Trainer:
             self._print_eval("before RL", self.host["eval"]["before"])
             self.save()
         start = int(self.host["iteration"])
+        if start < c.iterations:  # a finished run extended to more iterations: its evaluation is stale
+            self.host["eval"].pop("after", None)
         bar = tqdm(
             range(start, c.iterations),
             desc=f"RL ({c.algo})",

@@ -109,6 +109,33 @@ def test_two_plus_two_iterations_equal_four(tmp_path):
     assert len(lines) == len((tmp_path / "full" / "failure_memory.jsonl").read_text().splitlines())
 
 
+def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monkeypatch):
+    """Resuming a finished run reports its stored evaluation; extending it evaluates the new model."""
+    from roleagent_jax.trainer import Trainer
+
+    def stamp(self, split, params=None, limit=0):  # the evaluation names the iteration it saw
+        return {"pick_and_place_simple": 0.0, "all": float(self.host["iteration"])}
+
+    monkeypatch.setattr(Trainer, "evaluate", stamp)
+
+    def after(iterations):
+        c = tiny_config(tmp_path, iterations)
+        c.env.eval_splits, c.eval.before = ("gen_seen",), False
+        c.checkpoint.every = 2  # the last save then comes after the evaluation and stores it
+        trainer = Trainer(c)
+        try:
+            return trainer.run()["eval"]["after"]["gen_seen"]["all"]
+        finally:
+            trainer.close()
+
+    assert after(1) == 1.0
+    monkeypatch.setattr(Trainer, "iteration", lambda self, it: pytest.fail("a finished run trained again"))
+    assert after(1) == 1.0
+    monkeypatch.undo()
+    monkeypatch.setattr(Trainer, "evaluate", stamp)
+    assert after(2) == 2.0
+
+
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
