@@ -180,7 +180,7 @@ def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float
     if checkpoint:
         from roleagent_jax.policy import ModelPolicy  # JAX and the model load only when needed
 
-        return ModelPolicy(checkpoint, temperature)
+        return ModelPolicy(checkpoint, temperature, seed=seed)
     if name == "expert":
         return ExpertPolicy()
     if name == "random":
@@ -209,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--step-timeout", type=float, default=60.0, help="seconds before a silent worker is restarted"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random policy")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random policy, or of the sampling with --checkpoint"
+    )
     p.add_argument("--gen-n", type=int, default=24, help="games in a generated split")
     p.add_argument("--gen-seed", type=int, default=0, help="seed of a generated split")
     p.add_argument("--gen-dir", default=None, help="folder for generated games (default: $ROLEAGENT_GEN_DIR)")

@@ -55,3 +55,17 @@ def test_summary_per_type():
     assert s["n"] == 3 and s["success"] == pytest.approx(2 / 3)
     assert list(s["per_type"]) == ["look_at_obj_in_light", "pick_two_obj_and_place"]
     assert s["per_type"]["pick_two_obj_and_place"] == 0.5 and s["invalid_rate"] == pytest.approx(2 / 59)
+
+
+def test_seed_reaches_the_model_policy(monkeypatch):
+    """--seed picks the model's sampling key too, so a panel can be replayed under other draws."""
+    import roleagent_jax.policy as policy
+
+    seen = {}
+
+    def record(checkpoint, temperature=0.4, seed=0):
+        seen.update(checkpoint=checkpoint, temperature=temperature, seed=seed)
+
+    monkeypatch.setattr(policy, "ModelPolicy", record)
+    ev.make_policy("expert", 7, "ckpt", 0.7)
+    assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7}
