@@ -1,10 +1,15 @@
 """Does it learn, and which algorithm learns most? grpo vs gigpo vs roleagent on the demo, same budget.
 
-    python benchmarks/learning.py [--seeds 0 1 2] [--iterations 12]
+    python benchmarks/learning.py [--seeds 0 1 2] [--iterations 12] [--panel 96 --draws 2]
 
 Per seed, one warm start (shared by the three algorithms, so they start from the same model) and one
 evaluation of it; then each algorithm runs the demo's RL budget and is evaluated on the held-out
 generated pools. Prints the table (mean +- std over seeds); last line: one JSON object.
+
+The demo's pools are small (48 games), and a model's score moves by up to 10 points from one panel to
+another. `--panel N` also plays every final model (and each warm start) on N fresh unseen games, once
+per sampling seed 1..draws, and prints a second table with their mean. Finished runs in `--workdir` are
+resumed, not retrained, so a panel can be added to an earlier run's folder.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.common import demo_config  # noqa: E402
 
 ALGOS = ("grpo", "gigpo", "roleagent")
+PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
 
 
 def run(config) -> dict:
@@ -33,6 +39,34 @@ def run(config) -> dict:
         trainer.close()
 
 
+def panel_success(model_dir: Path, pool, config, draws: int) -> float:
+    """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
+    from roleagent_jax.evaluate import evaluate
+    from roleagent_jax.policy import ModelPolicy
+
+    temperature = 0.0 if config.eval.greedy else config.eval.temperature
+    scores = [
+        evaluate(
+            ModelPolicy(model_dir, temperature, seed=draw),
+            pool,
+            "gen_unseen",
+            num_workers=config.env.num_workers,
+            max_steps=config.env.max_steps,
+            batch_size=48,
+        )["success"]
+        for draw in range(1, draws + 1)
+    ]
+    return float(np.mean(scores))
+
+
+def print_table(title: str, table: dict[str, dict[str, list[float]]], splits: list[str]) -> None:
+    print(f"\n{title}")
+    print(f"{'':12s}" + "".join(f"{s:>20s}" for s in splits))
+    for name, row in table.items():
+        cells = [f"{100 * np.mean(row[s]):8.1f} +- {100 * np.std(row[s]):5.1f}" for s in splits]
+        print(f"{name:12s}" + "".join(f"{c:>20s}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -40,10 +74,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the demo's)")
     parser.add_argument("--workdir", default="runs/learning")
+    parser.add_argument("--panel", type=int, default=0, help="fresh unseen games per extra panel (0 = off)")
+    parser.add_argument("--draws", type=int, default=2, help="sampling seeds on the extra panel")
     args = parser.parse_args()
+    if args.panel < 0 or args.draws < 1:
+        parser.error("--panel must be >= 0 and --draws >= 1")
     root = Path(args.workdir).absolute()
     table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *ALGOS)}
+    panel_name = f"panel_{args.panel}"
     start = time.perf_counter()
+    pool = None
     for seed in args.seeds:
         base = demo_config()
         base.seed = seed
@@ -58,6 +98,15 @@ def main() -> None:
         for split, res in summary["eval"]["before"].items():
             table["warm start"].setdefault(split, []).append(res["all"])
         print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
+        if args.panel and pool is None:
+            from roleagent_jax.envs.base import TaskPool
+
+            gen = base.env.gen
+            pool = TaskPool.for_split(
+                "gen_unseen", gen_dir=root / "panel_games", gen_n=args.panel, gen_seed=PANEL_GEN_SEED,
+                num_receptacles=gen.num_receptacles, num_objects=gen.num_objects,
+            )  # fmt: skip
+        models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
         for algo in ALGOS:
             c = base.copy_and_resolve_references()
             c.algo = algo
@@ -69,12 +118,21 @@ def main() -> None:
             for split, res in summary["eval"]["after"].items():
                 table[algo].setdefault(split, []).append(res["all"])
             print(f"seed {seed} {algo}: " + json.dumps(summary["eval"]["after"]), flush=True)
-    splits = sorted(table["warm start"])
-    print(f"\nsuccess % on held-out generated games ({len(args.seeds)} seeds, mean +- std)")
-    print(f"{'':12s}" + "".join(f"{s:>20s}" for s in splits))
-    for name, row in table.items():
-        cells = [f"{100 * np.mean(row[s]):8.1f} +- {100 * np.std(row[s]):5.1f}" for s in splits]
-        print(f"{name:12s}" + "".join(f"{c:>20s}" for c in cells))
+            models[algo] = Path(summary["final_model"])
+        if pool is not None:
+            for name, model_dir in models.items():
+                score = panel_success(model_dir, pool, base, args.draws)
+                table[name].setdefault(panel_name, []).append(score)
+                print(f"seed {seed} {name} on {args.panel} fresh unseen games: {100 * score:.1f}", flush=True)
+    splits = sorted(s for s in table["warm start"] if s != panel_name)
+    n = len(args.seeds)
+    print_table(f"success % on held-out generated games ({n} seeds, mean +- std)", table, splits)
+    if pool is not None:
+        print_table(
+            f"success % on {args.panel} fresh unseen games, mean of {args.draws} draws ({n} seeds, mean +- std)",
+            table,
+            [panel_name],
+        )
     out = {
         name: {s: [float(np.mean(v)), float(np.std(v))] for s, v in row.items()}
         for name, row in table.items()
