@@ -27,6 +27,7 @@ from benchmarks.common import demo_config  # noqa: E402
 
 ALGOS = ("grpo", "gigpo", "roleagent")
 PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
+PANEL_BATCH = 48  # episodes per sampler batch: the draws depend on it (README's evaluate command uses it)
 
 
 def run(config) -> dict:
@@ -52,7 +53,7 @@ def panel_success(model_dir: Path, pool, config, draws: int) -> float:
             "gen_unseen",
             num_workers=config.env.num_workers,
             max_steps=config.env.max_steps,
-            batch_size=48,
+            batch_size=PANEL_BATCH,
         )["success"]
         for draw in range(1, draws + 1)
     ]
@@ -84,6 +85,14 @@ def main() -> None:
     panel_name = f"panel_{args.panel}"
     start = time.perf_counter()
     pool = None
+    if args.panel:
+        from roleagent_jax.envs.base import TaskPool
+
+        gen = demo_config().env.gen
+        pool = TaskPool.for_split(
+            "gen_unseen", gen_dir=root / "panel_games", gen_n=args.panel, gen_seed=PANEL_GEN_SEED,
+            num_receptacles=gen.num_receptacles, num_objects=gen.num_objects,
+        )  # fmt: skip
     for seed in args.seeds:
         base = demo_config()
         base.seed = seed
@@ -98,14 +107,6 @@ def main() -> None:
         for split, res in summary["eval"]["before"].items():
             table["warm start"].setdefault(split, []).append(res["all"])
         print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
-        if args.panel and pool is None:
-            from roleagent_jax.envs.base import TaskPool
-
-            gen = base.env.gen
-            pool = TaskPool.for_split(
-                "gen_unseen", gen_dir=root / "panel_games", gen_n=args.panel, gen_seed=PANEL_GEN_SEED,
-                num_receptacles=gen.num_receptacles, num_objects=gen.num_objects,
-            )  # fmt: skip
         models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
         for algo in ALGOS:
             c = base.copy_and_resolve_references()

@@ -113,7 +113,10 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
     """Resuming a finished run reports its stored evaluation; extending it evaluates the new model."""
     from roleagent_jax.trainer import Trainer
 
+    evaluated_at = []
+
     def stamp(self, split, params=None, limit=0):  # the evaluation names the iteration it saw
+        evaluated_at.append(int(self.host["iteration"]))
         return {"pick_and_place_simple": 0.0, "all": float(self.host["iteration"])}
 
     monkeypatch.setattr(Trainer, "evaluate", stamp)
@@ -128,12 +131,11 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
         finally:
             trainer.close()
 
-    assert after(1) == 1.0
-    monkeypatch.setattr(Trainer, "iteration", lambda self, it: pytest.fail("a finished run trained again"))
-    assert after(1) == 1.0
-    monkeypatch.undo()
-    monkeypatch.setattr(Trainer, "evaluate", stamp)
-    assert after(2) == 2.0
+    assert after(1) == 1.0 and evaluated_at == [1]
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "iteration", lambda self, it: pytest.fail("a finished run trained again"))
+        assert after(1) == 1.0 and evaluated_at == [1]  # the stored evaluation, not a new one
+    assert after(2) == 2.0 and evaluated_at == [1, 2]
 
 
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
