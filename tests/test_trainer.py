@@ -228,7 +228,7 @@ def test_demo_cli_end_to_end(tmp_path):
     from conftest import shared_alfworld_dir
 
     data = shared_alfworld_dir()
-    split = ["--split=valid_seen", f"--data={data}"] if data else ["--split=gen_unseen", "--gen-n=2"]
+    split = ["--split=valid_seen", f"--data={data}"] if data else ["--split=gen_unseen", "--gen-n=3"]
     ev = run_cmd(
         [
             sys.executable,
