@@ -34,40 +34,6 @@ INLINE_TAG = "predict_next"  # inline mode: the agent writes <predict_next>...</
 _WS = re.compile(r"\s+")
 
 
-@dataclass(frozen=True)
-class WIAConfig:
-    """Options of the prediction reward (validated on construction)."""
-
-    mode: str = "separate"  # "separate" (paper: own predictor prompt), "inline" (public code), "off"
-    horizon: int = 2  # H: future observations predicted per step (separate mode; inline is always 1)
-    lam: float = 1.0  # λ in R_t = G_t * (1 + λ R_pre)
-    fraction: float = 1.0  # share of steps that get a prediction (seeded, to bound cost)
-    max_prediction_tokens: int = 96
-    backend: str = "rapidfuzz"
-    discount: float | None = None  # None: plain mean over horizons; else weights discount**(h-1)
-    history_k: int = 1  # (observation, action) pairs shown to the predictor
-    obs_chars: int = 240  # per-observation character cap inside the predictor prompt
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"wia.mode must be one of {MODES}, got {self.mode!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"wia.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.horizon < 1:
-            raise ValueError(f"wia.horizon must be >= 1, got {self.horizon}")
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"wia.fraction must be in [0, 1], got {self.fraction}")
-        if self.lam < 0:
-            raise ValueError(
-                f"wia.lam must be >= 0 (a negative λ would punish good predictions), got {self.lam}"
-            )
-        if self.discount is not None and not 0.0 < self.discount <= 1.0:
-            raise ValueError(f"wia.discount must be None or in (0, 1], got {self.discount}")
-        if self.max_prediction_tokens < 1 or self.history_k < 0 or self.obs_chars < 1:
-            raise ValueError("wia.max_prediction_tokens and wia.obs_chars must be >= 1, wia.history_k >= 0")
-
-
 # ----------------------------------------------------------------------------- similarity
 
 
@@ -121,6 +87,7 @@ def build_predictor_prompt(
     action: str,
     horizon: int,
     *,
+    framing,
     history_k: int = 1,
     obs_chars: int = 240,
 ) -> str:
@@ -129,10 +96,12 @@ def build_predictor_prompt(
     Kept short (a ~1k-context model must fit it): the task, the last ``history_k`` (observation,
     action) pairs, the current observation and the chosen action. The answer format is one tag per
     horizon, closed by ``PREDICT_STOP``; ``format_predictions`` writes the same format for warm starts.
+    ``framing`` (an ``envs.base.PredictorFraming``: intro, reply, replies) holds the family's words.
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")
-    lines = ["Act as the game engine. Predict what the game prints next.", f"Task: {_clip(goal, 160)}"]
+    reply, replies = framing.reply, framing.replies
+    lines = [framing.intro, f"Task: {_clip(goal, 160)}"]
     recent = list(history)[-history_k:] if history_k > 0 else []
     for obs, act in recent:
         lines.append(f"Seen: {_clip(obs, obs_chars)}")
@@ -140,10 +109,10 @@ def build_predictor_prompt(
     lines.append(f"Now: {_clip(observation, obs_chars)}")
     lines.append(f"Action: {_clip(action, 80)}")
     if horizon == 1:
-        lines.append("Write the game's reply to this action as <obs1>...</obs1> then " + PREDICT_STOP)
+        lines.append(f"Write {reply} to this action as <obs1>...</obs1> then " + PREDICT_STOP)
     else:
         lines.append(
-            f"Write the next {horizon} game replies (after this action, then after the likely next "
+            f"Write the next {horizon} {replies} (after this action, then after the likely next "
             f"actions) as <obs1>...</obs1> up to <obs{horizon}>...</obs{horizon}>, then {PREDICT_STOP}"
         )
     return "\n".join(lines) + "\n"
@@ -369,25 +338,3 @@ def return_multiplier(r_pre: np.ndarray | float, lam: float = 1.0) -> np.ndarray
     if np.any((r < 0) | (r > 1)) or not np.all(np.isfinite(r)):
         raise ValueError("R_pre values must lie in [0, 1]")
     return (1.0 + np.float32(lam) * r).astype(np.float32)
-
-
-def discounted_returns(rewards: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
-    """G_t = r_t + γ G_{t+1} for one trajectory (float64 [T])."""
-    r = np.asarray(rewards, dtype=np.float64)
-    g = np.zeros_like(r)
-    acc = 0.0
-    for t in range(len(r) - 1, -1, -1):
-        acc = r[t] + gamma * acc
-        g[t] = acc
-    return g
-
-
-def shaped_returns(
-    rewards: Sequence[float] | np.ndarray, r_pre: Sequence[float] | np.ndarray, gamma: float, lam: float = 1.0
-) -> np.ndarray:
-    """R_t = G_t · (1 + λ R_pre(a_t)) for one trajectory: a failed episode (all rewards 0) stays exactly 0."""
-    r = np.asarray(rewards, dtype=np.float64)
-    p = np.asarray(r_pre, dtype=np.float64)
-    if r.shape != p.shape:
-        raise ValueError(f"rewards {r.shape} and r_pre {p.shape} must have the same shape")
-    return discounted_returns(r, gamma) * return_multiplier(p, lam).astype(np.float64)

@@ -25,7 +25,9 @@ from pathlib import Path
 import alfworld
 from alfworld.gen.goal_library import gdict
 
-from roleagent_jax.envs.alfworld import GAME_FILE, TASK_TYPES, AlfWorldEnv
+from roleagent_jax.envs.alfworld.engine import AlfWorldEnv, memoize_textworld_parsers
+from roleagent_jax.envs.alfworld.games import GAME_FILE, TASK_TYPES, pool_from_files
+from roleagent_jax.envs.base import TaskPool
 from roleagent_jax.envs.pool import SPAWN, main_hidden
 
 _DATA = Path(alfworld.__file__).resolve().parent / "data"
@@ -499,19 +501,19 @@ def make_game(combo, size: GenSize, rng: random.Random, name: str) -> tuple[dict
 
 def expert_check(game_file: str, env: AlfWorldEnv, max_steps: int) -> list[str] | None:
     """Play alfworld's planner expert on the engine; its winning plan, or None if it does not win in time."""
-    obs, info = env.reset(game_file)
-    if info["won"]:
+    obs = env.reset(game_file, expert=True)
+    if obs.won:
         return None
     plan = []
     for _ in range(max_steps):
-        if not info.get("expert_plan"):
+        if not obs.expert_plan:
             return None
-        action = info["expert_plan"][0]
+        action = obs.expert_plan[0]
         plan.append(action)
-        obs, _, done, info = env.step(action)
-        if info["won"]:
+        obs = env.step(action)
+        if obs.won:
             return plan
-        if done:
+        if obs.done:
             return None
     return None
 
@@ -525,8 +527,10 @@ class GeneratedSet:
 
 @functools.cache
 def _checker(max_expert_steps: int) -> AlfWorldEnv:
-    """The engine that checks games with alfworld's planner expert: one per process."""
-    return AlfWorldEnv(max_steps=max_expert_steps, expert_plan=True, expert_type="planner")
+    """The engine that checks games with alfworld's planner expert: one per process, which is an ALFWorld
+    worker like the env pool's (the textworld parser memo goes on with it)."""
+    memoize_textworld_parsers()
+    return AlfWorldEnv(max_steps=max_expert_steps, expert_type="planner")
 
 
 @functools.cache
@@ -611,3 +615,18 @@ def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", 
     manifest = {"params": params, "games": sorted(games), "expert_plans": plans}
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return GeneratedSet(folder, sorted(str(folder / g) for g in games), manifest)
+
+
+def generated_pool(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", **size) -> TaskPool:
+    """n procedurally generated games (reused when out_dir already holds the same set), with their plans.
+
+    `size` takes GenSize fields: num_receptacles, num_objects, extra_targets (int or (lo, hi)),
+    max_expert_steps. Different settings go to different sub-folders of out_dir.
+    """
+    gen_size = GenSize(**size)
+    tag = hashlib.sha1(json.dumps(asdict(gen_size), sort_keys=True).encode()).hexdigest()[:8]
+    folder = Path(out_dir) / f"{pool}_n{n}_seed{seed}_{tag}"
+    made = generate(folder, n, seed, pool, gen_size)
+    known = made.manifest.get("expert_plans", {})
+    plans = {str(folder / rel): plan for rel, plan in known.items()}
+    return pool_from_files(made.game_files, source=str(folder), plans=plans)
