@@ -190,8 +190,10 @@ def test_bf16_checkpoint_trains_in_float32_master_weights_at_lr_1e6(tmp_path):
     torch_qwen2(tie=False, kv_heads=2, layers=1).to(torch.bfloat16).save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
 
-    def moved_share(param_dtype):
-        model, cfg = load_pretrained(tmp_path, dtype="bfloat16", param_dtype=param_dtype)
+    def moved_share(param_dtype):  # None: load_pretrained's default
+        kwargs = {} if param_dtype is None else {"param_dtype": param_dtype}
+        model, cfg = load_pretrained(tmp_path, dtype="bfloat16", **kwargs)
+        param_dtype = param_dtype or "float32"
         assert cfg.param_dtype == param_dtype and cfg.dtype == "bfloat16"
         before, after = _one_adamw_step(model, 1e-6)
         w0 = np.asarray(before["layers"][0]["mlp"]["up_proj"]["kernel"][...].astype(np.float32))
@@ -201,5 +203,63 @@ def test_bf16_checkpoint_trains_in_float32_master_weights_at_lr_1e6(tmp_path):
         assert near.sum() > 100
         return float(np.mean(w0[near] != w1[near]))
 
-    assert moved_share("float32") > 0.95
+    assert moved_share(None) > 0.95
     assert moved_share("bfloat16") < 0.05  # the defect this guards against
+
+
+@pytest.mark.parametrize("n_in,shape", [(-1, (6, 4)), (0, (3, 4)), (1, (4, 3, 2)), (2, (3, 2, 4))])
+def test_block_reads_equal_slices_of_the_whole_tensor(tmp_path, n_in, shape):
+    """Each device's block is read from the file on its own; it must equal that block of the full
+    tensor in our layout, whichever axes (and parts of an axis group) are cut."""
+    import itertools
+
+    from safetensors.numpy import save_file
+
+    from roleagent_jax.models.hf_io import _Checkpoint, _hf_shape, _read_block
+
+    rng = np.random.default_rng(0)
+    ours = rng.standard_normal(shape).astype(np.float32)
+    if n_in < 0:
+        hf = ours
+    elif n_in == 0:
+        hf = ours.reshape(-1)
+    else:
+        hf = np.ascontiguousarray(ours.reshape(int(np.prod(shape[:n_in])), -1).T)
+    assert hf.shape == _hf_shape(shape, n_in)
+    save_file({"t": hf}, tmp_path / "model.safetensors")
+    ckpt = _Checkpoint(tmp_path)
+    cuts = [[slice(None), slice(0, 1), slice(1, d)] if d > 1 else [slice(None)] for d in shape]
+    for index in itertools.product(*cuts):
+        np.testing.assert_array_equal(
+            _read_block(ckpt, "t", shape, n_in, index), ours[index], err_msg=str(index)
+        )
+
+
+def test_large_models_are_written_as_shards_and_a_later_save_leaves_no_stale_file(tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roleagent_jax.models import hf_io
+
+    torch_model = torch_qwen2(tie=False, kv_heads=2, seed=3)
+    torch_model.save_pretrained(tmp_path / "src")
+    model, _ = load_pretrained(tmp_path / "src")
+    monkeypatch.setattr(hf_io, "MAX_SHARD_BYTES", 40_000)
+    save_pretrained(model, tmp_path / "out")
+    shards = sorted(p.name for p in (tmp_path / "out").glob("model*.safetensors"))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().float()
+    for name, p in torch_model.named_parameters():
+        torch.testing.assert_close(dict(reloaded.named_parameters())[name], p, rtol=0, atol=0)
+    monkeypatch.setattr(hf_io, "MAX_SHARD_BYTES", 2**30)
+    save_pretrained(model, tmp_path / "out")  # now one file: the shards and their index must go
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if "safetensors" in p.name) == [
+        "model.safetensors"
+    ]
+    again, _ = load_pretrained(tmp_path / "out")
+    ids, mask, _ = left_padded_batch(seed=6)
+    np.testing.assert_array_equal(
+        np.asarray(forward(again, ids, mask)), np.asarray(forward(model, ids, mask))
+    )
