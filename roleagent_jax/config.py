@@ -105,13 +105,21 @@ def expand_paths(config: ConfigDict) -> ConfigDict:
 
 
 def startup_errors(config: ConfigDict) -> list[str]:
-    """Checks across keys and of the model's shape, so a run fails before any game is played."""
+    """Checks across keys, of the model's shape and of the model directory's files (headers only), so
+    a run fails before any game is played."""
     errors = []
     if config.checkpoint.overwrite and config.checkpoint.resume:
         errors.append(
             "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "
             "--config.checkpoint.resume=False"
         )
+    if config.model.path and Path(config.model.path).is_dir():
+        from roleagent_jax.models.hf_io import check_pretrained
+
+        try:
+            check_pretrained(config.model.path)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.model.path={config.model.path!r}: {err}")
     if not config.model.path:
         from roleagent_jax.models import Qwen2Config
 

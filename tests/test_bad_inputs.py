@@ -300,11 +300,13 @@ def test_the_random_models_shape_is_checked_at_startup():
         validate(c)
 
 
-def test_tilde_is_expanded_in_paths(tmp_path, monkeypatch):
+def test_tilde_is_expanded_in_paths(model_dir, tmp_path, monkeypatch):
+    import shutil
+
     from roleagent_jax.config import PATH_KEYS, validate
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "model").mkdir()
+    shutil.copytree(model_dir, tmp_path / "model")
     (tmp_path / "tok").mkdir()
     c = base_config()
     c.workdir, c.model.path, c.tokenizer.path = "~/run", "~/model", "~/tok"
@@ -494,3 +496,17 @@ def test_bf16_checkpoint_loads_into_float32_master_weights(model_dir, tmp_path):
     assert cfg.param_dtype == "float32" and cfg.dtype == "bfloat16"
     leaves = jax.tree.leaves(nnx.state(loaded, nnx.Param))
     assert leaves and all(leaf.dtype == jnp.float32 for leaf in leaves)
+
+
+def test_a_corrupt_model_directory_fails_at_startup(model_dir, tmp_path):
+    """validate() reads the model directory's headers, so a broken file stops the run before any game."""
+    from roleagent_jax.config import validate
+
+    path = copy_of(model_dir, tmp_path)
+    (path / "model.safetensors").write_bytes(b"")
+    c = base_config()
+    c.model.path = str(path)
+    with pytest.raises(
+        ValueError, match=rf"--config.model.path='{path}': {path / 'model.safetensors'}: empty file"
+    ):
+        validate(c)

@@ -266,39 +266,16 @@ def _block_reader(ckpt: _Checkpoint, names: list, shape: tuple, per_layer_shape:
 
 
 # -- public API ----------------------------------------------------------------------------------------
-def load_pretrained(
-    path: str | os.PathLike,
-    mesh: jax.sharding.Mesh | None = None,
-    dtype: str | None = None,
-    param_dtype: str = "float32",
-    **config_overrides,
-) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
-    """Read a Hugging Face Qwen2 directory into our model, each tensor placed on its sharding.
-
-    Parameters are kept in ``param_dtype`` whatever the checkpoint's ``torch_dtype`` (a bfloat16
-    checkpoint becomes float32 master weights by default); ``dtype`` is the compute dtype (float32 when
-    None). ``config_overrides`` set any other :class:`Qwen2Config` field (``remat``, ``scan_layers``...).
-    """
+def _open_checked(path: str | os.PathLike, overrides: dict):
+    """Config, reader, abstract model and the per-parameter plan of a checkpoint directory, with every
+    file header, tensor name and shape checked (nothing is read beyond the headers)."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    config_overrides = {"param_dtype": param_dtype, **config_overrides}
-    if dtype is not None:
-        config_overrides["dtype"] = dtype
-    cfg = Qwen2Config.from_hf(directory, **config_overrides)
+    cfg = Qwen2Config.from_hf(directory, **overrides)
     ckpt = _Checkpoint(directory)
-
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
-    if mesh is not None:
-        from roleagent_jax.sharding import param_shardings
-
-        shardings = _flat_params(param_shardings(abs_state, mesh))
-    else:
-        shardings = None
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-    # Check every name and shape before placing anything, so a bad checkpoint fails fast.
     plan = {}
     for key, var in _flat_params(abs_state).items():
         shape = tuple(var.get_value().shape)
@@ -313,6 +290,39 @@ def load_pretrained(
                     f"config implies {expected}"
                 )
         plan[key] = (shape, per_layer_shape, var.get_value().dtype)
+    return cfg, ckpt, graphdef, abs_state, plan
+
+
+def check_pretrained(path: str | os.PathLike) -> Qwen2Config:
+    """Check a Hugging Face Qwen2 directory without loading it (config, file headers, names, shapes):
+    a bad one raises ValueError or FileNotFoundError naming the file, in well under a second."""
+    return _open_checked(path, {})[0]
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    mesh: jax.sharding.Mesh | None = None,
+    dtype: str | None = None,
+    param_dtype: str = "float32",
+    **config_overrides,
+) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
+    """Read a Hugging Face Qwen2 directory into our model, each tensor placed on its sharding.
+
+    Parameters are kept in ``param_dtype`` whatever the checkpoint's ``torch_dtype`` (a bfloat16
+    checkpoint becomes float32 master weights by default); ``dtype`` is the compute dtype (float32 when
+    None). ``config_overrides`` set any other :class:`Qwen2Config` field (``remat``, ``scan_layers``...).
+    """
+    config_overrides = {"param_dtype": param_dtype, **config_overrides}
+    if dtype is not None:
+        config_overrides["dtype"] = dtype
+    # Every name and shape is checked before anything is placed, so a bad checkpoint fails fast.
+    cfg, ckpt, graphdef, abs_state, plan = _open_checked(path, config_overrides)
+    shardings = None
+    if mesh is not None:
+        from roleagent_jax.sharding import param_shardings
+
+        shardings = _flat_params(param_shardings(abs_state, mesh))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     loaded = {}
     for key, (shape, per_layer_shape, target_dtype) in plan.items():
