@@ -68,18 +68,21 @@ class _Checkpoint:
     """All tensors of a checkpoint directory (single file or index + shards) by name, read lazily."""
 
     def __init__(self, directory: Path):
+        self.directory = directory
         index = directory / INDEX_FILE
         single = directory / SINGLE_FILE
         self.files: dict[str, Any] = {}  # file name -> reader
         self.where: dict[str, str] = {}  # tensor name -> file name
         if index.is_file():
+            held: dict[str, set[str]] = {}
             for name, fname in _weight_map(index).items():
                 if fname not in self.files:
                     shard = directory / fname
                     if not shard.is_file():
                         raise FileNotFoundError(f"shard {shard} listed in {index} is missing")
                     self.files[fname] = _open(shard)
-                if name not in self.files[fname].keys():
+                    held[fname] = set(self.files[fname].keys())
+                if name not in held[fname]:
                     raise ValueError(f"{directory / fname}: tensor {name} listed in {index} is not in it")
                 self.where[name] = fname
         elif single.is_file():
@@ -91,7 +94,6 @@ class _Checkpoint:
             )
             hint = f" (found {others}: only safetensors are supported, convert them first)" if others else ""
             raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {directory}{hint}")
-        self.directory = directory
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
