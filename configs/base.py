@@ -24,7 +24,7 @@ def get_config() -> ConfigDict:
     c.model.init.rope_theta = 10000.0
     c.model.init.tie_word_embeddings = True
     c.model.init.max_position_embeddings = 2048
-    c.model.param_dtype = "float32"
+    c.model.param_dtype = "float32"  # weights and optimizer state (float32 master weights for RL)
     c.model.dtype = "float32"  # compute dtype ("bfloat16" on TPU)
     c.model.remat = False
     c.model.scan_layers = False
@@ -140,7 +140,10 @@ def get_config() -> ConfigDict:
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 5
     c.checkpoint.keep = 3
-    c.checkpoint.resume = True
+    c.checkpoint.resume = True  # continue from the newest readable checkpoint in the workdir
+    # With resume=False a workdir that holds checkpoints is refused; overwrite=True moves that earlier
+    # run aside (to <workdir>.replaced-<time>) and starts afresh.
+    c.checkpoint.overwrite = False
 
     c.log = ConfigDict()
     c.log.tensorboard = True

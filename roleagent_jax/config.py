@@ -6,11 +6,13 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.envs.base import registered
+from roleagent_jax.envs.base import get_family, registered
 
 ALGOS = ("grpo", "gigpo", "roleagent")
 CHOICES = {
     "algo": ALGOS,
+    "model.param_dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
     "advantage.mode": ("mean_norm", "mean_std_norm"),
     "loss.kl_type": ("low_var_kl", "kl", "none"),
     "loss.agg": ("token-mean", "seq-mean-token-mean"),
@@ -23,7 +25,9 @@ CHOICES = {
 }
 # (key, low, high, low_inclusive): numeric ranges.
 RANGES = (
+    ("seed", 0, None, True),
     ("iterations", 0, None, True),
+    ("tokenizer.train_vocab_size", 300, None, True),
     ("rollout.tasks_per_iter", 1, None, True),
     ("rollout.group_size", 1, None, True),
     ("rollout.temperature", 0.0, None, False),
@@ -36,6 +40,9 @@ RANGES = (
     ("env.history_k", 0, None, True),
     ("env.num_workers", 1, None, True),
     ("env.step_timeout", 0.0, None, False),
+    ("env.gen.n_train", 1, None, True),
+    ("env.gen.n_eval", 1, None, True),
+    ("env.gen.seed", 0, None, True),
     ("advantage.gamma", 0.0, 1.0, True),
     ("advantage.omega", 0.0, None, True),
     ("advantage.invalid_penalty", 0.0, None, True),
@@ -49,6 +56,7 @@ RANGES = (
     ("optim.lr", 0.0, None, False),
     ("optim.weight_decay", 0.0, None, True),
     ("optim.grad_clip", 0.0, None, True),
+    ("optim.warmup_steps", 0, None, True),
     ("train.mini_batch_rows", 1, None, True),
     ("train.micro_batch_rows", 1, None, True),
     ("train.ppo_epochs", 1, None, True),
@@ -62,12 +70,21 @@ RANGES = (
     ("aiw.temperature", 0.0, None, False),
     ("aiw.epsilon", 0.0, 1.0, True),
     ("aiw.cap", 0.0, 1.0, True),
+    ("aiw.max_tokens", 1, None, True),
     ("eval.every", 0, None, True),
+    ("eval.temperature", 0.0, None, True),
+    ("eval.limit", 0, None, True),
     ("checkpoint.every", 0, None, True),
     ("checkpoint.keep", 1, None, True),
     ("warmstart.steps", 0, None, True),
+    ("warmstart.lr", 0.0, None, False),
+    ("warmstart.batch_rows", 1, None, True),
+    ("warmstart.n_games", 0, None, True),
     ("warmstart.explore", 0.0, 0.9, True),
+    ("warmstart.predictor_fraction", 0.0, 1.0, True),
 )
+# Paths a user may write as ~/...: the shell does not expand ~ after --flag=.
+PATH_KEYS = ("workdir", "model.path", "tokenizer.path", "env.data_dir", "env.gen.dir")
 
 
 def _get(config: ConfigDict, dotted: str):
@@ -77,11 +94,58 @@ def _get(config: ConfigDict, dotted: str):
     return node
 
 
-def validate(config: ConfigDict) -> ConfigDict:
-    """Raise ValueError naming the key, the bad value and what is allowed; return the config."""
+def expand_paths(config: ConfigDict) -> ConfigDict:
+    """A copy of the config with ``~`` expanded in every path key."""
+    config = ConfigDict(config.to_dict())
+    for key in PATH_KEYS:
+        parent, _, name = key.rpartition(".")
+        node = _get(config, parent) if parent else config
+        if node[name]:
+            node[name] = str(Path(node[name]).expanduser())
+    return config
+
+
+def startup_errors(config: ConfigDict) -> list[str]:
+    """Checks across keys, of the model's shape and of the model directory's files (headers only), so
+    a run fails before any game is played."""
     errors = []
     if config.env.name not in registered():
         errors.append(f"--config.env.name={config.env.name!r}: must be one of {', '.join(registered())}")
+    else:
+        family = get_family(config.env.name)
+        node = config.env.get(family.name)
+        try:
+            family.check_options(family.resolve_options(node.to_dict() if node is not None else {}))
+        except (ValueError, TypeError) as err:
+            errors.append(f"--config.env.{family.name}: {err}")
+    if config.checkpoint.overwrite and config.checkpoint.resume:
+        errors.append(
+            "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "
+            "--config.checkpoint.resume=False"
+        )
+    if config.model.path and Path(config.model.path).is_dir():
+        from roleagent_jax.models.hf_io import check_pretrained
+
+        try:
+            check_pretrained(config.model.path)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.model.path={config.model.path!r}: {err}")
+    if not config.model.path:
+        from roleagent_jax.models import Qwen2Config
+
+        init = dict(config.model.init.to_dict(), vocab_size=1, model_type="qwen2")
+        try:
+            Qwen2Config.from_hf(init, param_dtype=config.model.param_dtype, dtype=config.model.dtype)
+        except (ValueError, TypeError) as err:
+            errors.append(f"--config.model.init: {err}")
+    return errors
+
+
+def validate(config: ConfigDict) -> ConfigDict:
+    """Raise ValueError naming the key, the bad value and what is allowed; return the config (with
+    ``~`` expanded in its paths)."""
+    config = expand_paths(config)
+    errors = startup_errors(config)
     for key, allowed in CHOICES.items():
         value = _get(config, key)
         if value not in allowed:

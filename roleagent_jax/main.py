@@ -6,12 +6,17 @@
 
 Any config value can be overridden with --config.<key>=<value>; see configs/base.py for every key.
 A run resumes from its last checkpoint in --config.workdir when one exists.
+
+A mistake on the command line or in the files it names (an unknown key, a value out of range, a missing
+or corrupt model directory or checkpoint) ends with one line naming it and exit code 2; --debug shows
+the full traceback instead.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -24,23 +29,71 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True,
 )
 flags.mark_flags_as_required(["config"])
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the full traceback of an error instead of one line.")
+
+USAGE_EXIT = 2
+
+
+def _fail(message: str) -> NoReturn:
+    """One line per problem (a config with several bad keys names each on its own line), exit code 2."""
+    lines = message.removeprefix("invalid configuration:\n").split("\n")
+    print("\n".join(f"error: {line.strip()}" for line in lines), file=sys.stderr)
+    sys.exit(USAGE_EXIT)
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with each failure (a bad value, an unknown key, a config file that does not
+    load) reported as one line naming it."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as err:
+        if "--debug" in argv:
+            raise
+        if isinstance(err, flags.Error):
+            _fail(_last_line(err))
+        _config_error(err, argv)
+
+
+def _config_error(err: Exception, argv: list[str]) -> NoReturn:
+    config_file = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if isinstance(err, AttributeError | KeyError):  # ml_collections: a key the config does not have
+        name = str(err).strip("\"'")
+        arg = next((a for a in argv if a.startswith("--config.") and name in a), name)
+        _fail(f"{arg.split('=')[0]}: no such key in {config_file} (configs/base.py lists every key)")
+    _fail(f"--config={config_file}: cannot load the config file ({_last_line(err)})")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        _fail(f"unexpected arguments: {' '.join(argv[1:])} (settings are --config.<key>=<value>)")
     logging.set_verbosity(logging.WARNING)  # keep library INFO chatter (orbax, XLA) off the console
-    from roleagent_jax.trainer import Trainer  # heavy imports only once the flags are valid
+    from roleagent_jax.checkpointing import CheckpointError  # heavy imports only once the flags are valid
+    from roleagent_jax.trainer import Trainer
 
+    user_errors = (ValueError, CheckpointError, FileNotFoundError, NotADirectoryError, PermissionError)
     try:
-        trainer = Trainer(_CONFIG.value)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        config = _CONFIG.value
+        config.to_dict()  # a config file that failed to load raises on first use
+    except Exception as err:
+        if _DEBUG.value:
+            raise
+        _config_error(err, sys.argv)
+    trainer = None
     try:
+        trainer = Trainer(config)
         summary = trainer.run()
+    except user_errors as err:
+        if _DEBUG.value:
+            raise
+        _fail(str(err))
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
     print_summary(summary)
     return 0
 
@@ -67,7 +120,7 @@ def print_summary(summary: dict) -> None:
 
 
 def run() -> None:
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,35 @@ class MetricLogger:
         if write:
             self.logdir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = list(history or [])
+        self._tensorboard = tensorboard
+        self._purge_step: int | None = None
         self._writer = None
-        if tensorboard:
+
+    def resume_at(self, step: int) -> None:
+        """Forget every record after ``step`` (the restored iteration; 0 for a fresh run), in the JSONL
+        file and in TensorBoard, so a resumed run never shows a step twice."""
+        self.history = [h for h in self.history if h["step"] <= step]
+        self._purge_step = step + 1  # TensorBoard hides this run's events from here on
+        path = self.logdir / "metrics.jsonl"
+        if not self.write or not path.is_file():
+            return
+        records = [(line, _step_of(line)) for line in path.read_text().splitlines()]
+        kept = [line for line, s in records if s is not None and s <= step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+
+    def _tb(self):
+        if self._writer is None and self._tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.logdir / "tb"))
+            self._writer = SummaryWriter(str(self.logdir / "tb"), purge_step=self._purge_step)
+        return self._writer
 
     def log(self, step: int, scalars: dict[str, float], echo: bool = True) -> None:
         clean = {k: float(v) for k, v in scalars.items() if isinstance(v, int | float) and math.isfinite(v)}
         self.history.append({"step": step, **clean})
-        if self._writer is not None:
+        if self._tb() is not None:
             for key, value in clean.items():
                 self._writer.add_scalar(key, value, step)
             self._writer.flush()
@@ -52,3 +71,11 @@ class MetricLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one JSONL record; None for a line a kill cut short."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

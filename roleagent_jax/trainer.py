@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
 from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
-from roleagent_jax.checkpointing import Checkpointer, write_json
+from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
 from roleagent_jax.episodes import success_summary
@@ -95,6 +95,7 @@ class Trainer:
         c = self.config
         self.family = get_family(c.env.name)
         self.workdir = Path(c.workdir).absolute()
+        claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
@@ -162,7 +163,9 @@ class Trainer:
             warm_dir = self.workdir / "hf_warmstart"
             if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
                 self.ref_params = nnx.split(
-                    load_pretrained(warm_dir, mesh=self.mesh, dtype=c.model.dtype)[0]
+                    load_pretrained(
+                        warm_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
+                    )[0]
                 )[1]
         self.logger = MetricLogger(
             self.workdir / "logs",
@@ -170,6 +173,7 @@ class Trainer:
             history=history,
             write=self.is_main,
         )
+        self.logger.resume_at(int(self.host["iteration"]))
 
     # ------------------------------------------------------------------ set-up
 
@@ -188,11 +192,15 @@ class Trainer:
         c = self.config
         init_dir = self.workdir / "hf_init"
         if c.model.path:
-            model, mcfg = load_pretrained(c.model.path, mesh=self.mesh, dtype=c.model.dtype)
+            model, mcfg = load_pretrained(
+                c.model.path, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
+            )
             tok = load_tokenizer(c.tokenizer.path or c.model.path)
             return model, mcfg, tok
         if resuming and init_dir.is_dir():
-            model, mcfg = load_pretrained(init_dir, mesh=self.mesh, dtype=c.model.dtype)
+            model, mcfg = load_pretrained(
+                init_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
+            )
             return model, mcfg, load_tokenizer(init_dir)
         tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else self._train_tokenizer()
         mcfg = Qwen2Config.from_hf(
@@ -270,8 +278,8 @@ class Trainer:
             history=self.logger.history,
         )
 
-    def save(self) -> None:
-        self.ckpt.save(int(self.host["iteration"]), self.state, self._host_state())
+    def save(self, replace: bool = False) -> None:
+        self.ckpt.save(int(self.host["iteration"]), self.state, self._host_state(), replace=replace)
 
     def _restore(self) -> list[dict]:
         state, host = self.ckpt.restore(self.state)
@@ -571,7 +579,7 @@ class Trainer:
         if "after" not in self.host["eval"] and c.env.eval_splits:
             self.host["eval"]["after"] = {s: self.evaluate(s, limit=c.eval.limit) for s in c.env.eval_splits}
             self._print_eval("after RL", self.host["eval"]["after"])
-        self.save()
+        self.save(replace=True)  # the last iteration's step may exist already: it then gains the evaluation
         self.ckpt.wait()
         return self.finish()
 

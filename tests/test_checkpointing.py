@@ -48,3 +48,37 @@ def test_jsonable_roundtrip():
     back = from_jsonable(to_jsonable(obj))
     np.testing.assert_array_equal(back["a"], obj["a"])
     assert back["a"].dtype == np.int64 and back["b"][0] == 1.5 and back["b"][1]["c"] is True
+
+
+def test_replace_skips_an_unchanged_step_and_replaces_a_changed_one(tmp_path):
+    """The final save of a run whose last iteration is already checkpointed: unchanged host state leaves
+    the step as it is (no rewrite); new host state (the final evaluation) replaces it."""
+    directory = tmp_path / "ckpt"
+    state = {"w": jnp.arange(6.0)}
+    ckpt = Checkpointer(directory)
+    ckpt.save(1, state, {"iteration": 1, "eval": {}})
+    ckpt.wait()
+    written = (directory / "1" / "host" / "metadata").stat().st_mtime_ns
+    ckpt.save(1, state, {"iteration": 1, "eval": {}}, replace=True)
+    ckpt.wait()
+    assert (directory / "1" / "host" / "metadata").stat().st_mtime_ns == written
+    ckpt.save(1, state, {"iteration": 1, "eval": {"after": 0.5}}, replace=True)
+    ckpt.wait()
+    assert sorted(p.name for p in directory.iterdir()) == ["1"]  # the old copy is gone once the new landed
+    restored, host = ckpt.restore({"w": jnp.zeros(6)})
+    assert host["eval"] == {"after": 0.5}
+    np.testing.assert_array_equal(restored["w"], state["w"])
+    ckpt.close()
+
+
+def test_an_interrupted_replacement_puts_the_old_step_back(tmp_path):
+    directory = tmp_path / "ckpt"
+    ckpt = Checkpointer(directory)
+    ckpt.save(1, {"w": jnp.ones(3)}, {"iteration": 1})
+    ckpt.close()
+    (directory / "1").rename(directory / "1.replaced")  # killed after moving it aside, before the new save
+    again = Checkpointer(directory)
+    assert again.latest_step() == 1 and sorted(p.name for p in directory.iterdir()) == ["1"]
+    _, host = again.restore({"w": jnp.zeros(3)})
+    assert host == {"iteration": 1}
+    again.close()

@@ -56,15 +56,24 @@ def test_save_pretrained_reloads_in_transformers(tmp_path, tie, scan):
 
 def test_bfloat16_round_trip(tmp_path):
     torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path / "src")
-    model, cfg = load_pretrained(tmp_path / "src", dtype="bfloat16")
+    model, cfg = load_pretrained(tmp_path / "src", dtype="bfloat16", param_dtype="bfloat16")
     assert cfg.param_dtype == "bfloat16" and model.embed.embedding[...].dtype.name == "bfloat16"
     save_pretrained(model, tmp_path / "bf16")
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
-    again, cfg2 = load_pretrained(tmp_path / "bf16")
-    assert cfg2.param_dtype == "bfloat16" and cfg2.dtype == "float32"  # stored dtype; compute stays fp32
-    for (key, a), (_, b) in zip(nnx.to_flat_state(nnx.state(again)), nnx.to_flat_state(nnx.state(model))):
-        assert a[...].dtype == b[...].dtype
+    again, cfg2 = load_pretrained(tmp_path / "bf16", param_dtype="bfloat16")
+    assert cfg2.param_dtype == "bfloat16" and cfg2.dtype == "float32"  # compute stays fp32 unless asked
+    master, cfg3 = load_pretrained(tmp_path / "bf16", dtype="bfloat16")  # default: float32 master weights
+    assert cfg3.param_dtype == "float32" and cfg3.dtype == "bfloat16"
+    flat = zip(
+        nnx.to_flat_state(nnx.state(again)),
+        nnx.to_flat_state(nnx.state(model)),
+        nnx.to_flat_state(nnx.state(master)),
+        strict=True,
+    )
+    for (key, a), (_, b), (_, m) in flat:
+        assert a[...].dtype == b[...].dtype and m[...].dtype == np.float32
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(key))
+        np.testing.assert_array_equal(np.asarray(m[...]), np.asarray(b[...]).astype(np.float32))
 
 
 def test_reads_bfloat16_checkpoint_from_transformers(tmp_path):
@@ -73,11 +82,12 @@ def test_reads_bfloat16_checkpoint_from_transformers(tmp_path):
     torch_model = torch_qwen2(tie=False, kv_heads=2).to(torch.bfloat16)
     torch_model.save_pretrained(tmp_path)
     model, cfg = load_pretrained(tmp_path)
-    assert cfg.param_dtype == "bfloat16" and cfg.dtype == "float32"
+    assert cfg.param_dtype == "float32" and cfg.dtype == "float32"  # bf16 values in float32 master weights
+    assert model.layers[1].attn.o_proj.kernel[...].dtype == np.float32
     want = (
         torch_model.model.layers[1].self_attn.o_proj.weight.detach().float().numpy()
     )  # [hidden, heads * head_dim]
-    got = np.asarray(model.layers[1].attn.o_proj.kernel[...].astype(np.float32))  # [heads, head_dim, hidden]
+    got = np.asarray(model.layers[1].attn.o_proj.kernel[...])  # [heads, head_dim, hidden]
     np.testing.assert_array_equal(got.reshape(-1, cfg.hidden_size).T, want)
     ids, mask, pos = left_padded_batch()
     ref = torch_logits(torch_model.float(), ids, mask, pos)  # same bf16-rounded weights, fp32 compute
@@ -143,3 +153,113 @@ def test_config_round_trip_and_overrides():
     assert Qwen2Config.from_hf(cfg.to_hf()).replace(remat=True) == cfg
     with pytest.raises(ValueError, match="unknown Qwen2Config fields"):
         Qwen2Config.from_hf(cfg.to_hf(), not_a_field=1)
+
+
+def _one_adamw_step(model, lr: float):
+    """Params before and after one AdamW step on a next-token loss (compute in the model's dtype)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from roleagent_jax.train_step import make_optimizer
+
+    graphdef, params = nnx.split(model)
+    ids, mask, _ = left_padded_batch(seed=5)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p)(jnp.asarray(ids), jnp.asarray(mask))
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
+        picked = jnp.take_along_axis(logp, jnp.asarray(ids)[:, 1:, None], axis=-1)[..., 0]
+        return -(picked * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+    opt = make_optimizer(lr, weight_decay=0.0)
+
+    @jax.jit
+    def step(p):
+        updates, _ = opt.update(jax.grad(loss)(p), opt.init(p), p)
+        return optax.apply_updates(p, updates)
+
+    return params, step(params)
+
+
+def test_bf16_checkpoint_trains_in_float32_master_weights_at_lr_1e6(tmp_path):
+    """A bf16-saved checkpoint loads into float32 parameters (bf16 compute), and one AdamW step at the
+    paper's lr 1e-6 moves weights of magnitude ~0.02; kept in bfloat16 those weights would not move."""
+    import torch
+
+    torch_qwen2(tie=False, kv_heads=2, layers=1).to(torch.bfloat16).save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+
+    def moved_share(param_dtype):  # None: load_pretrained's default
+        kwargs = {} if param_dtype is None else {"param_dtype": param_dtype}
+        model, cfg = load_pretrained(tmp_path, dtype="bfloat16", **kwargs)
+        param_dtype = param_dtype or "float32"
+        assert cfg.param_dtype == param_dtype and cfg.dtype == "bfloat16"
+        before, after = _one_adamw_step(model, 1e-6)
+        w0 = np.asarray(before["layers"][0]["mlp"]["up_proj"]["kernel"][...].astype(np.float32))
+        w1 = np.asarray(after["layers"][0]["mlp"]["up_proj"]["kernel"][...].astype(np.float32))
+        assert str(before["layers"][0]["mlp"]["up_proj"]["kernel"][...].dtype) == param_dtype
+        near = (np.abs(w0) > 0.015) & (np.abs(w0) < 0.025)
+        assert near.sum() > 100
+        return float(np.mean(w0[near] != w1[near]))
+
+    assert moved_share(None) > 0.95
+    assert moved_share("bfloat16") < 0.05  # the defect this guards against
+
+
+@pytest.mark.parametrize("n_in,shape", [(-1, (6, 4)), (0, (3, 4)), (1, (4, 3, 2)), (2, (3, 2, 4))])
+def test_block_reads_equal_slices_of_the_whole_tensor(tmp_path, n_in, shape):
+    """Each device's block is read from the file on its own; it must equal that block of the full
+    tensor in our layout, whichever axes (and parts of an axis group) are cut."""
+    import itertools
+
+    from safetensors.numpy import save_file
+
+    from roleagent_jax.models.hf_io import _Checkpoint, _hf_shape, _read_block
+
+    rng = np.random.default_rng(0)
+    ours = rng.standard_normal(shape).astype(np.float32)
+    if n_in < 0:
+        hf = ours
+    elif n_in == 0:
+        hf = ours.reshape(-1)
+    else:
+        hf = np.ascontiguousarray(ours.reshape(int(np.prod(shape[:n_in])), -1).T)
+    assert hf.shape == _hf_shape(shape, n_in)
+    save_file({"t": hf}, tmp_path / "model.safetensors")
+    ckpt = _Checkpoint(tmp_path)
+    cuts = [[slice(None), slice(0, 1), slice(1, d)] if d > 1 else [slice(None)] for d in shape]
+    for index in itertools.product(*cuts):
+        np.testing.assert_array_equal(
+            _read_block(ckpt, "t", shape, n_in, index), ours[index], err_msg=str(index)
+        )
+
+
+def test_large_models_are_written_as_shards_and_a_later_save_leaves_no_stale_file(tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roleagent_jax.models import hf_io
+
+    torch_model = torch_qwen2(tie=False, kv_heads=2, seed=3)
+    torch_model.save_pretrained(tmp_path / "src")
+    model, _ = load_pretrained(tmp_path / "src")
+    monkeypatch.setattr(hf_io, "MAX_SHARD_BYTES", 40_000)
+    save_pretrained(model, tmp_path / "out")
+    shards = sorted(p.name for p in (tmp_path / "out").glob("model*.safetensors"))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().float()
+    for name, p in torch_model.named_parameters():
+        torch.testing.assert_close(dict(reloaded.named_parameters())[name], p, rtol=0, atol=0)
+    monkeypatch.setattr(hf_io, "MAX_SHARD_BYTES", 2**30)
+    save_pretrained(model, tmp_path / "out")  # now one file: the shards and their index must go
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if "safetensors" in p.name) == [
+        "model.safetensors"
+    ]
+    again, _ = load_pretrained(tmp_path / "out")
+    ids, mask, _ = left_padded_batch(seed=6)
+    np.testing.assert_array_equal(
+        np.asarray(forward(again, ids, mask)), np.asarray(forward(model, ids, mask))
+    )

@@ -268,6 +268,10 @@ class Family:
             )
         return {**self.gen_options, **dict(options or {})}
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise ValueError naming the option and value when the resolved `options` are unusable, so a
+        run fails at start-up rather than when it first builds tasks. Default: any known key is fine."""
+
     # -------------------------------------------------------------- agent
 
     def agent_prompt(

@@ -11,6 +11,63 @@ from typing import Any
 _SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
 
+# config.json fields we read, by kind: (name, required). Sizes must be positive integers.
+_SIZE_FIELDS = (
+    ("vocab_size", True),
+    ("hidden_size", True),
+    ("intermediate_size", True),
+    ("num_hidden_layers", True),
+    ("num_attention_heads", True),
+    ("num_key_value_heads", False),
+    ("max_position_embeddings", False),
+)
+_POSITIVE_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "use_sliding_window")
+
+
+def _check_fields(cfg: dict) -> None:
+    """Raise ValueError naming the first missing or mistyped field (before any arithmetic uses it)."""
+    for name, required in _SIZE_FIELDS:
+        value = cfg.get(name)
+        if value is None:
+            if required:
+                raise ValueError(f"field {name!r} is missing")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"field {name!r} must be a positive integer, got {value!r}")
+    head_dim = cfg.get("head_dim")
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 0):
+        raise ValueError(f"field 'head_dim' must be a positive integer, got {head_dim!r}")
+    for name in _POSITIVE_FLOAT_FIELDS:
+        value = cfg.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise ValueError(f"field {name!r} must be a positive number, got {value!r}")
+    for name in _BOOL_FIELDS:
+        value = cfg.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"field {name!r} must be true or false, got {value!r}")
+    for name in ("bos_token_id", "eos_token_id"):
+        value = cfg.get(name)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"field {name!r} must be a token id or a list of them, got {value!r}")
+    for name in ("rope_parameters", "rope_scaling"):
+        if cfg.get(name) is not None and not isinstance(cfg[name], dict):
+            raise ValueError(f"field {name!r} must be an object, got {cfg[name]!r}")
+
+
+def _read_config_json(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
 def _dtype_name(value: Any) -> str:
     name = str(value).removeprefix("torch.")
     if name not in _SUPPORTED_DTYPES:
@@ -77,14 +134,26 @@ class Qwen2Config:
 
     @classmethod
     def from_hf(cls, cfg: dict | str | os.PathLike, **overrides: Any) -> Qwen2Config:
-        """Build from a ``config.json`` dict, the file itself, or the checkpoint directory holding it."""
-        if not isinstance(cfg, dict):
-            path = Path(cfg)
-            if path.is_dir():
-                path = path / "config.json"
-            if not path.is_file():
-                raise FileNotFoundError(f"no Hugging Face config at {path}: pass a checkpoint directory")
-            cfg = json.loads(path.read_text())
+        """Build from a ``config.json`` dict, the file itself, or the checkpoint directory holding it.
+
+        A bad file raises ValueError naming the file and the field.
+        """
+        if isinstance(cfg, dict):
+            return cls._from_dict(cfg, overrides)
+        path = Path(cfg)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no Hugging Face config at {path}: pass a checkpoint directory")
+        try:
+            return cls._from_dict(_read_config_json(path), overrides)
+        except ValueError as err:
+            message = str(err)
+            raise ValueError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+
+    @classmethod
+    def _from_dict(cls, cfg: dict, overrides: dict) -> Qwen2Config:
+        _check_fields(cfg)
         model_type = cfg.get("model_type")
         archs = cfg.get("architectures") or []
         if model_type not in (None, "qwen2") or any(a != "Qwen2ForCausalLM" for a in archs):

@@ -1,8 +1,11 @@
 """Hugging Face Qwen2 checkpoints (safetensors only) to and from our NNX model.
 
-Loading builds the model abstractly and places each tensor straight onto its target sharding, so no
-device ever holds the whole model. The safetensors format is read and written here directly (a JSON
-header plus raw little-endian buffers), which also covers bfloat16 without going through torch.
+Loading builds the model abstractly and places each tensor straight onto its target sharding: every
+device's block is read from the file on its own (``safetensors.safe_open`` slices), so no device and no
+host ever holds more of a tensor than it needs. The ``safetensors`` library checks each file's header
+(bounds, offsets inside the file, shape x dtype = byte length) when it is opened; a bad file raises a
+ValueError that names it. Parameters are kept in ``param_dtype`` (float32 by default) whatever dtype
+the checkpoint was stored in: RL updates at lr 1e-6 vanish in bfloat16 weights.
 """
 
 from __future__ import annotations
@@ -10,31 +13,21 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from roleagent_jax.models.config import Qwen2Config
 from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
 
-_ST_TO_NP = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-_NP_TO_ST = {np.dtype(v): k for k, v in _ST_TO_NP.items()}
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_SHARD_BYTES = 2 * 2**30  # a larger model is written as several files (the host holds one at a time)
 
 # Block-relative path of our param -> (HF name inside "model.layers.{i}.", number of input axes).
 # Kernels map as ``ours = hf.T.reshape(shape)``; the input axes count says how to flatten back; 0 means
@@ -61,96 +54,121 @@ _TOP_NAMES = {
 
 
 # -- safetensors ---------------------------------------------------------------------------------------
-class _SafetensorsFile:
-    """Lazy reader: tensors are memory-mapped views, read when converted."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            self.header = json.loads(f.read(size))
-        self.header.pop("__metadata__", None)
-        self.base = 8 + size
-
-    def get(self, name: str) -> np.ndarray:
-        info = self.header[name]
-        if info["dtype"] not in _ST_TO_NP:
-            raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        dtype = np.dtype(_ST_TO_NP[info["dtype"]])
-        count = (end - start) // dtype.itemsize
-        if count == 0:
-            return np.zeros(info["shape"], dtype)
-        mm = np.memmap(self.path, dtype=dtype, mode="r", offset=self.base + start, shape=(count,))
-        return mm.reshape(info["shape"])
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.header[name]["shape"])
+def _open(path: Path):
+    """A lazy reader of one safetensors file; a file that is not one raises ValueError naming it."""
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file (0 bytes), not a safetensors file")
+    try:
+        return safe_open(path, framework="numpy")
+    except SafetensorError as err:
+        raise ValueError(f"{path}: not a valid safetensors file ({err})") from None
 
 
 class _Checkpoint:
-    """All tensors of a checkpoint directory (single file or index + shards) by name."""
+    """All tensors of a checkpoint directory (single file or index + shards) by name, read lazily."""
 
     def __init__(self, directory: Path):
-        index = directory / "model.safetensors.index.json"
-        single = directory / "model.safetensors"
-        self.files: dict[str, _SafetensorsFile] = {}
-        self.where: dict[str, str] = {}
+        self.directory = directory
+        index = directory / INDEX_FILE
+        single = directory / SINGLE_FILE
+        self.files: dict[str, Any] = {}  # file name -> reader
+        self.where: dict[str, str] = {}  # tensor name -> file name
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            for name, fname in weight_map.items():
+            held: dict[str, set[str]] = {}
+            for name, fname in _weight_map(index).items():
                 if fname not in self.files:
                     shard = directory / fname
                     if not shard.is_file():
                         raise FileNotFoundError(f"shard {shard} listed in {index} is missing")
-                    self.files[fname] = _SafetensorsFile(shard)
+                    self.files[fname] = _open(shard)
+                    held[fname] = set(self.files[fname].keys())
+                if name not in held[fname]:
+                    raise ValueError(f"{directory / fname}: tensor {name} listed in {index} is not in it")
                 self.where[name] = fname
         elif single.is_file():
-            self.files["model.safetensors"] = _SafetensorsFile(single)
-            self.where = {n: "model.safetensors" for n in self.files["model.safetensors"].header}
+            self.files[SINGLE_FILE] = _open(single)
+            self.where = {n: SINGLE_FILE for n in self.files[SINGLE_FILE].keys()}
         else:
             others = sorted(p.name for p in directory.glob("*.bin")) + sorted(
                 p.name for p in directory.glob("*.pt*")
             )
             hint = f" (found {others}: only safetensors are supported, convert them first)" if others else ""
-            raise FileNotFoundError(
-                f"no model.safetensors or model.safetensors.index.json in {directory}{hint}"
-            )
+            raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {directory}{hint}")
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
-    def get(self, name: str) -> np.ndarray:
-        return self.files[self.where[name]].get(name)
-
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.files[self.where[name]].shape(name)
+        return tuple(self.files[self.where[name]].get_slice(name).get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The block ``index`` of tensor ``name``: only those bytes are read."""
+        try:
+            return np.asarray(self.files[self.where[name]].get_slice(name)[index])
+        except (SafetensorError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{self.directory / self.where[name]}: cannot read tensor {name} ({err})"
+            ) from None
 
 
-def _write_safetensors(path: Path, tensors: dict[str, tuple[tuple[int, ...], np.dtype]], fetch) -> None:
-    """Write tensors one at a time: the header comes from shapes/dtypes, ``fetch(name)`` gives data."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"{index}: not a valid index ({err})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(f"{index}: 'weight_map' must map tensor names to file names")
+    return weight_map
+
+
+def _write_safetensors(directory: Path, tensors: dict[str, tuple[tuple[int, ...], np.dtype]], fetch) -> None:
+    """Write the tensors as ``model.safetensors``, or as shards of at most MAX_SHARD_BYTES plus an index.
+
+    ``fetch(name)`` gives one tensor; the host holds one shard at a time. Each file is written under a
+    temporary name and renamed, and files of an earlier save that this one does not use are removed, so
+    a reader never sees a mixture. ``fetch`` is called for every tensor in order on every process.
+    """
+    shards: list[list[str]] = [[]]
+    size = 0
     for name, (shape, dtype) in tensors.items():
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        header[name] = {
-            "dtype": _NP_TO_ST[np.dtype(dtype)],
-            "shape": list(shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for name, (shape, dtype) in tensors.items():
+        if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    names = (
+        [SINGLE_FILE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    writer = jax.process_index() == 0
+    if writer and len(names) == 1:  # an index left by an earlier sharded save would shadow the new file
+        (directory / INDEX_FILE).unlink(missing_ok=True)
+    for fname, shard in zip(names, shards, strict=True):
+        arrays = {}
+        for name in shard:
+            shape, dtype = tensors[name]
             arr = np.ascontiguousarray(fetch(name), dtype=dtype)
             if arr.shape != tuple(shape):
                 raise ValueError(f"tensor {name}: expected shape {tuple(shape)}, got {arr.shape}")
-            f.write(arr.tobytes())
-    os.replace(tmp, path)
+            arrays[name] = arr
+        if writer:
+            tmp = directory / (fname + ".tmp")
+            save_file(arrays, tmp, metadata={"format": "pt"})
+            os.replace(tmp, directory / fname)
+        del arrays
+    if not writer:
+        return
+    if len(names) > 1:
+        total = sum(math.prod(s) * np.dtype(d).itemsize for s, d in tensors.values())
+        weight_map = {name: fname for fname, shard in zip(names, shards, strict=True) for name in shard}
+        tmp = directory / (INDEX_FILE + ".tmp")
+        tmp.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        os.replace(tmp, directory / INDEX_FILE)
+    for stale in directory.glob("model*.safetensors"):
+        if stale.name not in names:
+            stale.unlink()
 
 
 # -- name / layout mapping -----------------------------------------------------------------------------
@@ -187,8 +205,32 @@ def _hf_shape(shape: tuple[int, ...], n_in: int) -> tuple[int, ...]:
     return (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
 
 
-def _to_ours(hf: np.ndarray, shape: tuple[int, ...], n_in: int) -> np.ndarray:
-    return (hf.T if n_in > 0 else hf).reshape(shape)
+def _read_block(
+    ckpt: _Checkpoint, name: str, shape: tuple[int, ...], n_in: int, index: tuple[slice, ...]
+) -> np.ndarray:
+    """The block ``index`` (one slice per axis) of our parameter of ``shape`` stored as HF tensor ``name``.
+
+    Our kernels are ``hf.T.reshape(shape)``: the leading ``n_in`` axes flatten into the HF columns, the
+    others into its rows, so a slice of each group's first axis is a contiguous range of columns/rows.
+    Only that range is read; later axes of a group are then sliced in memory.
+    """
+    index = tuple(slice(*s.indices(d)) for s, d in zip(index, shape, strict=True))
+    if any(s.step != 1 for s in index):
+        raise ValueError(f"strided shard of {name} is not supported: {index}")
+    if n_in < 0:  # same layout
+        return ckpt.read(name, index)
+    groups = [(0, n_in), (n_in, len(shape))] if n_in > 0 else [(0, len(shape))]
+    ranges, block_shape, rest = [], [], []
+    for lo, hi in groups:
+        first, inner = index[lo], math.prod(shape[lo + 1 : hi])
+        ranges.append(slice(first.start * inner, first.stop * inner))
+        block_shape += [first.stop - first.start, *shape[lo + 1 : hi]]
+        rest += [slice(None), *index[lo + 1 : hi]]
+    if n_in > 0:  # HF rows are our output axes, its columns our input axes
+        block = ckpt.read(name, (ranges[1], ranges[0])).T
+    else:
+        block = ckpt.read(name, (ranges[0],))
+    return block.reshape(block_shape)[tuple(rest)]
 
 
 def _to_hf(ours: np.ndarray, n_in: int) -> np.ndarray:
@@ -199,37 +241,43 @@ def _to_hf(ours: np.ndarray, n_in: int) -> np.ndarray:
     return ours.reshape(math.prod(ours.shape[:n_in]), -1).T
 
 
-# -- public API ----------------------------------------------------------------------------------------
-def load_pretrained(
-    path: str | os.PathLike,
-    mesh: jax.sharding.Mesh | None = None,
-    dtype: str | None = None,
-    **config_overrides,
-) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
-    """Read a Hugging Face Qwen2 directory into our model, each tensor placed on its sharding.
+def _block_reader(ckpt: _Checkpoint, names: list, shape: tuple, per_layer_shape: tuple, dtype):
+    """``index -> block`` of one parameter in ``dtype``, for ``jax.make_array_from_callback``.
 
-    ``dtype`` (e.g. "bfloat16") sets both the parameter and the compute dtype; ``config_overrides``
-    set any other :class:`Qwen2Config` field (``remat``, ``scan_layers``, ``param_dtype``...).
+    Replicated shardings ask every device for the same block: each distinct block is read once.
     """
-    directory = Path(path)
+    blocks: dict[tuple, np.ndarray] = {}
+
+    def block(index) -> np.ndarray:
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        memo = tuple((s.start, s.stop, s.step) for s in index)
+        if memo not in blocks:
+            if shape != per_layer_shape:  # a scanned stack: one HF tensor per layer
+                layers = range(*index[0].indices(len(names)))
+                pieces = [
+                    _read_block(ckpt, names[i][0], per_layer_shape, names[i][1], index[1:]) for i in layers
+                ]
+                blocks[memo] = np.stack(pieces).astype(dtype)
+            else:
+                blocks[memo] = _read_block(ckpt, names[0][0], per_layer_shape, names[0][1], index).astype(
+                    dtype
+                )
+        return blocks[memo]
+
+    return block
+
+
+# -- public API ----------------------------------------------------------------------------------------
+def _open_checked(path: str | os.PathLike, overrides: dict):
+    """Config, reader, abstract model and the per-parameter plan of a checkpoint directory, with every
+    file header, tensor name and shape checked (nothing is read beyond the headers)."""
+    directory = Path(path).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    if dtype is not None:
-        config_overrides = {"param_dtype": dtype, "dtype": dtype, **config_overrides}
-    cfg = Qwen2Config.from_hf(directory, **config_overrides)
+    cfg = Qwen2Config.from_hf(directory, **overrides)
     ckpt = _Checkpoint(directory)
-
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
-    if mesh is not None:
-        from roleagent_jax.sharding import param_shardings
-
-        shardings = _flat_params(param_shardings(abs_state, mesh))
-    else:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = None
-
-    # Check every name and shape before placing anything, so a bad checkpoint fails fast.
     plan = {}
     for key, var in _flat_params(abs_state).items():
         shape = tuple(var.get_value().shape)
@@ -240,24 +288,51 @@ def load_pretrained(
             expected = _hf_shape(per_layer_shape, n_in)
             if ckpt.shape(name) != expected:
                 raise ValueError(
-                    f"tensor {name} has shape {ckpt.shape(name)} in the checkpoint but the config implies {expected}"
+                    f"tensor {name} has shape {ckpt.shape(name)} in the checkpoint in {directory} but the "
+                    f"config implies {expected}"
                 )
         plan[key] = (shape, per_layer_shape, var.get_value().dtype)
+    return cfg, ckpt, graphdef, abs_state, plan
+
+
+def check_pretrained(path: str | os.PathLike) -> Qwen2Config:
+    """Check a Hugging Face Qwen2 directory without loading it (config, file headers, names, shapes):
+    a bad one raises ValueError or FileNotFoundError naming the file, in well under a second."""
+    return _open_checked(path, {})[0]
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    mesh: jax.sharding.Mesh | None = None,
+    dtype: str | None = None,
+    param_dtype: str = "float32",
+    **config_overrides,
+) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
+    """Read a Hugging Face Qwen2 directory into our model, each tensor placed on its sharding.
+
+    Parameters are kept in ``param_dtype`` whatever the checkpoint's ``torch_dtype`` (a bfloat16
+    checkpoint becomes float32 master weights by default); ``dtype`` is the compute dtype (float32 when
+    None). ``config_overrides`` set any other :class:`Qwen2Config` field (``remat``, ``scan_layers``...).
+    """
+    config_overrides = {"param_dtype": param_dtype, **config_overrides}
+    if dtype is not None:
+        config_overrides["dtype"] = dtype
+    # Every name and shape is checked before anything is placed, so a bad checkpoint fails fast.
+    cfg, ckpt, graphdef, abs_state, plan = _open_checked(path, config_overrides)
+    shardings = None
+    if mesh is not None:
+        from roleagent_jax.sharding import param_shardings
+
+        shardings = _flat_params(param_shardings(abs_state, mesh))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     loaded = {}
     for key, (shape, per_layer_shape, target_dtype) in plan.items():
-        pieces = [
-            _to_ours(np.asarray(ckpt.get(name)), per_layer_shape, n_in).astype(target_dtype)
-            for name, n_in, _ in _mapping(key, cfg)
-        ]
-        host = np.stack(pieces) if shape != per_layer_shape else pieces[0]
+        block = _block_reader(ckpt, _mapping(key, cfg), shape, per_layer_shape, target_dtype)
         if shardings is None:
-            loaded[key] = jax.device_put(host, device)
-        else:  # each device (of every process) copies only its own slice of the host tensor
-            loaded[key] = jax.make_array_from_callback(
-                host.shape, shardings[key].get_value(), lambda index, host=host: host[index]
-            )
-        del pieces, host
+            loaded[key] = jax.device_put(block(()), device)
+        else:  # each device (of every process) reads only its own block
+            loaded[key] = jax.make_array_from_callback(shape, shardings[key].get_value(), block)
 
     state = nnx.from_flat_state({k: v.replace(loaded[k]) for k, v in _flat_params(abs_state).items()})
     return nnx.merge(graphdef, state), cfg
@@ -274,7 +349,8 @@ def _host(x: jax.Array) -> np.ndarray:
 def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, tokenizer: Any = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads as Qwen2ForCausalLM.
 
-    Tensors are fetched and written one at a time, so the host never holds a second copy of the model.
+    Weights are stored in the model's ``param_dtype``. A model over MAX_SHARD_BYTES is written as
+    numbered shards plus ``model.safetensors.index.json``; the host holds one shard at a time.
     In a multi-process run every process must call this (arrays are gathered); only process 0 writes.
     """
     cfg = model.config
@@ -310,9 +386,6 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, tokenizer:
     if jax.process_index() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
-        _write_safetensors(directory / "model.safetensors", entries, fetch)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(directory))
-    else:
-        for name in entries:
-            fetch(name)  # take part in the collective gathers
+    _write_safetensors(directory, entries, fetch)  # every process takes part in the gathers
+    if jax.process_index() == 0 and tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))

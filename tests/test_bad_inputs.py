@@ -1,0 +1,520 @@
+"""Bad input and accidents, as a careful user or an adversarial tester would cause them.
+
+Each test is one probe: a restart that must not destroy a run, a corrupt checkpoint, a setting out of
+range, a broken model directory, a duplicated metrics step. Every failure must name the key, file or
+value in one line; nothing may be lost quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints: a restart without resume, saves that do not happen, unreadable steps
+
+
+def small_state(offset: float = 0.0) -> dict:
+    return {"w": jnp.arange(4000.0).reshape(40, 100) + offset, "step": jnp.int32(offset)}
+
+
+def write_steps(directory: Path, steps=(1, 2)) -> None:
+    from roleagent_jax.checkpointing import Checkpointer
+
+    ckpt = Checkpointer(directory, keep=5)
+    for s in steps:
+        ckpt.save(s, small_state(s), {"iteration": s})
+    ckpt.close()
+
+
+def test_fresh_start_refuses_to_run_over_an_earlier_runs_checkpoints(tmp_path):
+    """resume=False in a workdir with checkpoints stops before touching anything (it used to delete the
+    failure memory and then never checkpoint, as orbax declined the existing steps)."""
+    from test_trainer import tiny_config
+
+    from roleagent_jax.checkpointing import CheckpointError
+    from roleagent_jax.trainer import Trainer
+
+    workdir = tmp_path / "run"
+    write_steps(workdir / "checkpoints")
+    (workdir / "failure_memory.jsonl").write_text('{"task": 1}\n')
+    c = tiny_config(workdir, 1)
+    c.checkpoint.resume = False
+    with pytest.raises(CheckpointError) as err:
+        Trainer(c)
+    message = str(err.value)
+    assert "\n" not in message and "--config.workdir" in message
+    assert "--config.checkpoint.overwrite=True" in message and "steps 1, 2" in message
+    assert (workdir / "failure_memory.jsonl").read_text() == '{"task": 1}\n'
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1", "2"]
+
+
+def test_overwrite_moves_the_earlier_run_aside(tmp_path):
+    from roleagent_jax.checkpointing import claim_workdir, saved_steps
+
+    workdir = tmp_path / "run"
+    write_steps(workdir / "checkpoints")
+    assert claim_workdir(workdir, resume=True, overwrite=False) is None  # resuming is never refused
+    aside = claim_workdir(workdir, resume=False, overwrite=True)
+    assert not workdir.exists() and aside.parent == tmp_path and aside.name.startswith("run.replaced-")
+    assert saved_steps(aside / "checkpoints") == [1, 2]
+
+
+def test_overwrite_needs_resume_off():
+    from test_config import load
+
+    from roleagent_jax.config import validate
+
+    c = load("base")
+    c.checkpoint.overwrite = True
+    with pytest.raises(ValueError, match=r"overwrite=True .* needs --config.checkpoint.resume=False"):
+        validate(c)
+
+
+def test_a_save_orbax_declines_raises(tmp_path):
+    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    ckpt.save(2, small_state(2), {"iteration": 2})
+    with pytest.raises(CheckpointError, match="step 2 already exists"):
+        ckpt.save(2, small_state(3), {"iteration": 2})
+    with pytest.raises(CheckpointError, match="declined to save checkpoint step 1"):
+        ckpt.save(1, small_state(1), {"iteration": 1})
+    ckpt.close()
+
+
+def test_a_save_that_never_lands_raises(tmp_path, monkeypatch):
+    """orbax only logs a failed background write; the step must then be missing loudly."""
+    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    monkeypatch.setattr(ckpt._manager, "save", lambda step, args: True)  # reports success, writes nothing
+    ckpt.save(1, small_state(1), {"iteration": 1})
+    with pytest.raises(CheckpointError, match="step 1 was not written"):
+        ckpt.wait()
+    monkeypatch.undo()
+    ckpt.close()
+
+
+def _truncate_arrays(step_dir: Path) -> None:
+    biggest = max((step_dir / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+    os.truncate(biggest, 100)
+
+
+def _delete_array_metadata(step_dir: Path) -> None:
+    (step_dir / "state" / "manifest.ocdbt").unlink()
+
+
+def _garbage_host_json(step_dir: Path) -> None:
+    (step_dir / "host" / "metadata").write_text("{not json")
+
+
+@pytest.mark.parametrize(
+    "corrupt,where,why",
+    [
+        (_truncate_arrays, "state", "OUT_OF_RANGE"),
+        (_delete_array_metadata, "state", "NOT_FOUND"),
+        (_garbage_host_json, "host", "Expecting property name"),
+    ],
+)
+def test_restore_falls_back_past_an_unreadable_step(tmp_path, capfd, corrupt, where, why):
+    from roleagent_jax.checkpointing import Checkpointer
+
+    directory = tmp_path / "ckpt"
+    write_steps(directory)
+    corrupt(directory / "2")
+    ckpt = Checkpointer(directory)
+    state, host = ckpt.restore(small_state())
+    assert host == {"iteration": 1}
+    np.testing.assert_array_equal(state["w"], small_state(1)["w"])
+    err = capfd.readouterr().err
+    assert f"step 2 ({directory / '2' / where}): " in err and why in err
+    assert len([line for line in err.splitlines() if line.startswith("unreadable checkpoint step 2")]) == 1
+    ckpt.save(2, small_state(2), {"iteration": 2})  # the resumed run can write its next step again
+    ckpt.close()
+    assert [p.name.split("-")[0] for p in sorted(directory.iterdir())] == ["1", "2", "2.unreadable"]
+
+
+def test_no_readable_step_names_the_folder_to_delete(tmp_path):
+    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+
+    directory = tmp_path / "ckpt"
+    write_steps(directory)
+    _truncate_arrays(directory / "2")
+    _garbage_host_json(directory / "1")
+    ckpt = Checkpointer(directory)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.restore(small_state())
+    message = str(err.value)
+    assert "\n" not in message and "step 2 (" in message and "step 1 (" in message
+    assert message.endswith(f"delete {directory} to start this run afresh")
+    ckpt.close()
+
+
+@pytest.mark.slow
+def test_resumed_runs_store_the_final_evaluation_and_log_each_step_once(tmp_path, monkeypatch):
+    """checkpoint.every=1: the last iteration's step exists before the final evaluation, which must still
+    be stored (a resumed finished run then neither trains nor evaluates again); a run killed between
+    logging a step and checkpointing it logs that step once after resuming."""
+    from test_trainer import tiny_config
+
+    from roleagent_jax.trainer import Trainer
+
+    evaluated_at = []
+
+    def stamp(self, split, params=None, limit=0):
+        evaluated_at.append(int(self.host["iteration"]))
+        return {"all": float(self.host["iteration"])}
+
+    monkeypatch.setattr(Trainer, "evaluate", stamp)
+
+    def run():
+        c = tiny_config(tmp_path, 2)
+        c.env.eval_splits, c.eval.before, c.checkpoint.every = ("gen_seen",), False, 1
+        trainer = Trainer(c)
+        try:
+            return trainer.run()["eval"]["after"]["gen_seen"]["all"]
+        finally:
+            trainer.close()
+
+    def logged_steps():
+        return [
+            json.loads(line)["step"]
+            for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+        ]
+
+    assert run() == 2.0 and evaluated_at == [2] and logged_steps() == [1, 2]
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "2")  # killed after logging step 2, before its checkpoint
+    assert run() == 2.0 and evaluated_at == [2, 2] and logged_steps() == [1, 2]
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "iteration", lambda self, it: pytest.fail("a finished run trained again"))
+        assert run() == 2.0 and evaluated_at == [2, 2]  # the stored evaluation
+    assert logged_steps() == [1, 2]
+
+
+# ----------------------------------------------------------------------------------------------------
+# metrics: a resumed run never holds a step twice
+
+
+def _tb_purge_steps(tb_dir: Path) -> list[int]:
+    """Steps of TensorBoard's purge markers (a SessionLog START event) in the event files."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    steps = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                steps.append(event.step)
+            pos += 12 + length + 4
+    return steps
+
+
+def test_metrics_are_truncated_to_the_restored_step(tmp_path):
+    from roleagent_jax.metrics import MetricLogger
+
+    first = MetricLogger(tmp_path, tensorboard=True)
+    for step in (1, 2, 3, 4):
+        first.log(step, {"x": float(step)}, echo=False)
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "x"')  # a line a kill cut short
+    history = [{"step": s, "x": float(s)} for s in (1, 2, 3)]  # what the step-2 checkpoint may carry
+    resumed = MetricLogger(tmp_path, tensorboard=True, history=history)
+    resumed.resume_at(2)
+    assert [h["step"] for h in resumed.history] == [1, 2]
+    resumed.log(3, {"x": 30.0}, echo=False)
+    resumed.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["x"]) for r in lines] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert _tb_purge_steps(tmp_path / "tb") == [3]  # TensorBoard drops the first run's steps >= 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# settings: checked at start-up, each named
+
+
+def base_config():
+    from test_config import load
+
+    return load("base")
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("eval.temperature", -0.5),
+        ("eval.limit", -1),
+        ("warmstart.lr", 0.0),
+        ("warmstart.batch_rows", 0),
+        ("optim.warmup_steps", -1),
+        ("warmstart.n_games", -1),
+        ("warmstart.predictor_fraction", 1.5),
+        ("aiw.max_tokens", 0),
+        ("tokenizer.train_vocab_size", 100),
+        ("env.gen.n_train", 0),
+        ("env.gen.n_eval", 0),
+        ("seed", -1),
+        ("model.dtype", "float8"),
+        ("model.param_dtype", "int8"),
+    ],
+)
+def test_every_setting_is_checked_at_startup(key, value):
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    *parents, name = key.split(".")
+    node = c
+    for part in parents:
+        node = node[part]
+    node[name] = value
+    with pytest.raises(ValueError) as err:
+        validate(c)
+    assert f"--config.{key}={value!r}" in str(err.value)
+
+
+def test_the_familys_own_options_are_checked_at_startup():
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    c.env.alfworld.num_receptacles = 1
+    with pytest.raises(ValueError, match=r"--config.env.alfworld: num_receptacles .* got 1"):
+        validate(c)
+
+
+def test_the_random_models_shape_is_checked_at_startup():
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    c.model.init.num_attention_heads = 3  # 128 is not divisible by 3
+    with pytest.raises(ValueError, match=r"--config.model.init: .*hidden_size 128 .* num_attention_heads 3"):
+        validate(c)
+
+
+def test_tilde_is_expanded_in_paths(model_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from roleagent_jax.config import PATH_KEYS, validate
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(model_dir, tmp_path / "model")
+    (tmp_path / "tok").mkdir()
+    c = base_config()
+    c.workdir, c.model.path, c.tokenizer.path = "~/run", "~/model", "~/tok"
+    c.env.data_dir, c.env.gen.dir = "~/data", "~/games"
+    out = validate(c)
+    assert out.workdir == str(tmp_path / "run") and out.model.path == str(tmp_path / "model")
+    assert out.tokenizer.path == str(tmp_path / "tok") and out.env.data_dir == str(tmp_path / "data")
+    assert out.env.gen.dir == str(tmp_path / "games") and len(PATH_KEYS) == 5
+
+
+def run_main(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "roleagent_jax.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess, *needles: str) -> None:
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_cli_unknown_key_is_one_line():
+    out = run_main("--config=configs/demo.py", "--config.no_such_key=1")
+    assert_one_line_error(out, "--config.no_such_key", "no such key")
+
+
+def test_cli_missing_config_file_is_one_line():
+    out = run_main("--config=configs/nope.py")
+    assert_one_line_error(out, "configs/nope.py")
+
+
+def test_cli_bad_value_is_one_line_and_debug_keeps_the_traceback(tmp_path):
+    args = ["--config=configs/demo.py", f"--config.workdir={tmp_path}", "--config.eval.limit=-1"]
+    assert_one_line_error(run_main(*args), "--config.eval.limit=-1")
+    debug = run_main(*args, "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "eval.limit" in debug.stderr
+
+
+def test_cli_names_a_tilde_path_expanded(tmp_path):
+    home = Path.home()
+    out = run_main(
+        "--config=configs/demo.py", f"--config.workdir={tmp_path}", "--config.model.path=~/no_model_here"
+    )
+    assert_one_line_error(out, f"--config.model.path='{home / 'no_model_here'}': directory not found")
+
+
+# ----------------------------------------------------------------------------------------------------
+# model directories: every corruption names the file
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen2 written in Hugging Face format (config.json + model.safetensors)."""
+    from flax import nnx
+
+    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, save_pretrained
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("model")
+    save_pretrained(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), path)
+    return path
+
+
+def copy_of(model_dir: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(model_dir, tmp_path / "m"))
+
+
+def test_intact_model_dir_loads(model_dir):
+    from roleagent_jax.models import load_pretrained
+
+    model, cfg = load_pretrained(model_dir)
+    assert cfg.hidden_size == 32 and model.embed.embedding[...].shape == (64, 32)
+
+
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda cfg: "{not json", "not valid JSON"),
+        (lambda cfg: json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}), "'hidden_size' is missing"),
+        (lambda cfg: json.dumps({**cfg, "num_hidden_layers": "2"}), "'num_hidden_layers' must be a positive integer"),
+        (lambda cfg: json.dumps({**cfg, "rope_theta": "big"}), "'rope_theta' must be a positive number"),
+        (lambda cfg: json.dumps({**cfg, "tie_word_embeddings": "yes"}), "'tie_word_embeddings' must be true or false"),
+        (lambda cfg: json.dumps({**cfg, "num_attention_heads": 0}), "'num_attention_heads' must be a positive integer"),
+        (lambda cfg: json.dumps([1, 2]), "expected a JSON object"),
+    ],
+)  # fmt: skip
+def test_bad_config_json_names_file_and_field(model_dir, tmp_path, edit, needle):
+    from roleagent_jax.models import load_pretrained
+
+    path = copy_of(model_dir, tmp_path)
+    config_json = path / "config.json"
+    config_json.write_text(edit(json.loads(config_json.read_text())))
+    with pytest.raises(ValueError) as err:
+        load_pretrained(path)
+    assert str(err.value).startswith(f"{config_json}: ") and needle in str(err.value)
+
+
+def _rewrite_header(data: bytes, change) -> bytes:
+    """The same file with its JSON header changed by ``change(header)``."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    change(header)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    return struct.pack("<Q", len(blob)) + blob + data[8 + n :]
+
+
+def _first_tensor(header: dict) -> dict:
+    return header[next(k for k in sorted(header) if k != "__metadata__")]
+
+
+@pytest.mark.parametrize(
+    "corrupt,needle",
+    [
+        (lambda data: b"", "empty file (0 bytes)"),
+        (lambda data: data[:5], "header too small"),
+        (lambda data: data[: len(data) - 40], "not fully covered"),
+        (lambda data: struct.pack("<Q", len(data) * 10) + data[8:], "invalid header length"),
+        (lambda data: data[:8] + b"[" + data[9:], "invalid JSON"),
+        (
+            lambda data: _rewrite_header(
+                data, lambda h: _first_tensor(h).update(data_offsets=[0, 10 * len(data)])
+            ),
+            "invalid shape, data type, or offset",
+        ),
+        (
+            lambda data: _rewrite_header(
+                data, lambda h: _first_tensor(h).update(shape=[s + 1 for s in _first_tensor(h)["shape"]])
+            ),
+            "invalid shape, data type, or offset",
+        ),
+        (lambda data: _rewrite_header(data, lambda h: _first_tensor(h).update(dtype="F16")), "invalid shape"),
+    ],
+    ids=["empty", "short", "truncated", "header-length", "header-json", "offsets", "shape", "dtype"],
+)
+def test_corrupt_safetensors_names_the_file(model_dir, tmp_path, corrupt, needle):
+    from roleagent_jax.models import load_pretrained
+
+    path = copy_of(model_dir, tmp_path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(corrupt(weights.read_bytes()))
+    with pytest.raises(ValueError) as err:
+        load_pretrained(path)
+    message = str(err.value)
+    assert message.startswith(f"{weights}: ") and needle in message and "\n" not in message
+
+
+def test_bad_index_names_the_file(model_dir, tmp_path):
+    from roleagent_jax.models import load_pretrained
+
+    path = copy_of(model_dir, tmp_path)
+    index = path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"model.embed_tokens.weight": "model.safetensors",')
+    with pytest.raises(ValueError, match=f"^{index}: not a valid index"):
+        load_pretrained(path)
+    index.write_text(json.dumps({"weight_map": {"not.in.the.file": "model.safetensors"}}))
+    with pytest.raises(ValueError, match=f"{path / 'model.safetensors'}: tensor not.in.the.file listed in"):
+        load_pretrained(path)
+
+
+def test_bf16_checkpoint_loads_into_float32_master_weights(model_dir, tmp_path):
+    """Whatever the checkpoint's torch_dtype, parameters default to float32 (compute may be bf16)."""
+    from flax import nnx
+
+    from roleagent_jax.models import load_pretrained, save_pretrained
+
+    model, _ = load_pretrained(model_dir, param_dtype="bfloat16")
+    save_pretrained(model, tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    loaded, cfg = load_pretrained(tmp_path / "bf16", dtype="bfloat16")
+    assert cfg.param_dtype == "float32" and cfg.dtype == "bfloat16"
+    leaves = jax.tree.leaves(nnx.state(loaded, nnx.Param))
+    assert leaves and all(leaf.dtype == jnp.float32 for leaf in leaves)
+
+
+def test_a_corrupt_model_directory_fails_at_startup(model_dir, tmp_path):
+    """validate() reads the model directory's headers, so a broken file stops the run before any game."""
+    from roleagent_jax.config import validate
+
+    path = copy_of(model_dir, tmp_path)
+    (path / "model.safetensors").write_bytes(b"")
+    c = base_config()
+    c.model.path = str(path)
+    with pytest.raises(
+        ValueError, match=rf"--config.model.path='{path}': {path / 'model.safetensors'}: empty file"
+    ):
+        validate(c)
