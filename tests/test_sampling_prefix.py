@@ -22,7 +22,7 @@ from roleagent_jax.models.qwen2 import (
     prefix_attention_partials,
 )
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-from roleagent_jax.sampling.prefix import plan_layout
+from roleagent_jax.sampling.prefix import chunk_by_group, plan_layout
 
 GREEDY = SamplingParams(greedy=True)
 
@@ -233,16 +233,43 @@ def test_layout_planner_shares_what_pays():
     assert plan([head, head[::-1]], ["a", "b"]) is None
     assert plan([head, head[::-1]], ["a", "a"]) is None
     assert plan([[1, 2] + head, [1, 3] + head], ["a", "a"]) is None
-    # Groups of 3, 3 and 2 rows need a 12-row grid, more than the largest bucket (8); one row per group
-    # would store every prefix once per row, which is worse than the plain layout.
-    assert (
-        plan(
-            prompts[:3] + prompts[8:11] + prompts[16:18],
-            keys[:3] + keys[8:11] + keys[16:18],
-            batch_buckets=(8,),
-        )
-        is None
+    # Groups of 3, 3 and 2 rows with 8-row calls: grid groups of 3 (9 rows: a grid may exceed the
+    # largest bucket by less than one group), not of 4 (12 rows).
+    layout = plan(
+        prompts[:3] + prompts[8:11] + prompts[16:18], keys[:3] + keys[8:11] + keys[16:18], batch_buckets=(8,)
     )
+    assert (layout.groups, layout.rows_per_group) == (3, 3) and list(layout.slots) == list(range(8)) + [-1]
+
+
+def test_groups_of_five_and_calls_of_whole_groups():
+    head = list(range(100, 160))
+    prompts = [head + [g, r] for g in range(6) for r in range(5)]
+    layout = plan_layout(
+        prompts,
+        [g // 5 for g in range(30)],
+        new_tokens=8,
+        prompt_buckets=(8, 64),
+        batch_buckets=(8, 16, 32, 64),
+    )
+    assert (layout.groups, layout.rows_per_group) == (7, 5)  # 35 rows cover the 32-row bucket
+    assert list(layout.slots) == list(range(30)) + [-1] * 5
+    keys = [None, "a", "b", "a", None, "b", "c", "c", "c"]
+    assert chunk_by_group(keys, 4) == [[0, 1, 3], [2, 5, 4], [6, 7, 8]]
+    assert chunk_by_group(["a"] * 6, 4) == [[0, 1, 2, 3], [4, 5]]
+    assert chunk_by_group([None] * 9, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+
+
+def test_more_requests_than_a_call_holds_keep_their_order(setup):
+    """With 8-row calls the groups go to calls whole (5 + 2 rows, then 3 + 3, ...); every result lands
+    at its request's index and equals the plain path's."""
+    tok = setup["tok"]
+    small = Sampler(setup["sampler"].graphdef, setup["sampler"].config, tok, eos_ids=(), batch_buckets=(8,),
+                    prompt_buckets=(16, 128))  # fmt: skip
+    reqs = _requests(tok)[:10]
+    reqs = reqs[5:7] + reqs[:5] + reqs[7:]  # group B first, then A: calls [B, A], [group 7]
+    out = small.generate(setup["params"], reqs, GREEDY, jax.random.key(0))
+    assert small.last_layout is not None and small.last_layout.prefix_len[0] == len(reqs[-1].prompt_ids) - 1
+    _assert_same(out, setup["sampler"].generate(setup["params"], _ungrouped(reqs), GREEDY, jax.random.key(0)))
 
 
 def test_bad_group_raises(setup):

@@ -81,6 +81,30 @@ def sharing_groups(
     return groups, sorted(loose)
 
 
+def chunk_by_group(keys: Sequence[Hashable | None], size: int) -> list[list[int]]:
+    """Request indices of each call when one call holds at most ``size`` requests: whole sharing groups
+    (in order of their first request) packed in order into calls, a group larger than a call split.
+    Without keys these are consecutive runs of ``size`` requests."""
+    units: list[list[int]] = []
+    by_key: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            units.append([i])
+        elif key in by_key:
+            by_key[key].append(i)
+        else:
+            by_key[key] = [i]
+            units.append(by_key[key])
+    calls: list[list[int]] = [[]]
+    for unit in units:
+        for start in range(0, len(unit), size):
+            part = unit[start : start + size]
+            if len(calls[-1]) + len(part) > size:
+                calls.append([])
+            calls[-1].extend(part)
+    return calls
+
+
 def _bucket(n: int, buckets: Sequence[int]) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
@@ -100,13 +124,11 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _group_count(units: int, size: int, batch_buckets: Sequence[int], row_multiple: int) -> int | None:
-    """Grid groups of ``size`` rows for ``units`` used ones: enough to fill the smallest batch bucket
-    that holds them, a multiple of ``row_multiple`` (None when the grid outgrows the largest bucket)."""
-    rows = _bucket(units * size, batch_buckets)
-    count = None if rows is None else _round_up(-(-rows // size), row_multiple)
-    if count is None or count * size > _round_up(batch_buckets[-1], row_multiple):
-        return None
-    return count
+    """Grid groups of ``size`` rows for ``units`` used ones: whole groups covering the smallest batch
+    bucket that holds their rows up to the last one's first (so a grid exceeds a bucket by less than a
+    group), a multiple of ``row_multiple``; None when no bucket is large enough."""
+    rows = _bucket((units - 1) * size + 1, batch_buckets)
+    return None if rows is None else _round_up(max(units, -(-rows // size)), row_multiple)
 
 
 def plan_layout(
@@ -121,10 +143,11 @@ def plan_layout(
     """The cheapest shared-prefix layout of these requests, or None when sharing would not save work
     over the plain layout (rows of the bucketed longest prompt).
 
-    Cost in token slots: ``groups * prefix_bucket`` prefilled once, plus per row its
-    ``suffix_bucket`` prompt tokens and ``new_tokens`` decode steps. Rows per group are powers of two up
-    to the largest sharing group; the grid's rows fill a batch bucket (so calls reuse the plain
-    layout's batch shapes) and its group count is a multiple of ``row_multiple`` (the batch shards,
+    Cost in token slots (the KV cache's size, and what prefill and decoding process): ``groups *
+    prefix_bucket`` prefilled once, plus per row its ``suffix_bucket`` prompt tokens and ``new_tokens``
+    decode steps. Rows per group are powers of two up to the largest sharing group or a sharing
+    group's exact size (groups of 5 fill grid groups of 5); the grid covers a batch bucket (calls
+    reuse a few batch shapes) and its group count is a multiple of ``row_multiple`` (the batch shards,
     which must hold whole groups).
     """
     groups, loose = sharing_groups(prompts, keys)
@@ -136,7 +159,7 @@ def plan_layout(
     plain_rows = _round_up(_bucket(len(prompts), batch_buckets), row_multiple)
     best, best_cost = None, plain_rows * (_bucket(max(map(len, prompts)), prompt_buckets) + new_tokens)
     largest = _pow2_at_least(max(len(idx) for idx, _ in groups))
-    for size in (1 << k for k in range(largest.bit_length())):
+    for size in sorted({1 << k for k in range(largest.bit_length())} | {len(idx) for idx, _ in groups}):
         units = _units(groups, loose, size)
         count = _group_count(len(units), size, batch_buckets, row_multiple)
         if count is None:

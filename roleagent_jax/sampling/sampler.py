@@ -29,7 +29,7 @@ from roleagent_jax import distributed
 from roleagent_jax.models import Qwen2Config, SharedPrefix, init_cache
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
-from roleagent_jax.sampling.prefix import PrefixLayout, plan_layout
+from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 
 FINISH_REASONS = ("running", "eos", "stop", "length")  # index = the code the decode loop writes
 _EOS, _STOP, _LENGTH = 1, 2, 3
@@ -105,6 +105,11 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
+
+
+def _sharing_key(r: SampleRequest) -> Hashable | None:
+    """Requests share prompt prefixes within one role and group."""
+    return None if r.group is None else (r.role, r.group)
 
 
 def _bucket(n: int, buckets: Sequence[int], what: str, hint: str) -> int:
@@ -385,19 +390,20 @@ class Sampler:
         rng: jax.Array,
     ) -> list[SampleResult]:
         """Generate for every request (in order). More requests than the largest batch bucket are
-        served in consecutive chunks, each with its own key folded from `rng`."""
+        served in chunks, each with its own key folded from `rng`: consecutive runs of requests, or
+        with groups whole sharing groups packed in order (`prefix.chunk_by_group`)."""
         if not requests:
             return []
         for r in requests:
             self._validate(r)
         params = self._place_params(params)
         chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
-        results: list[SampleResult] = []
-        for c, start in enumerate(range(0, len(requests), chunk)):
-            key = rng if start == 0 else jax.random.fold_in(rng, c)
-            results.extend(
-                self._generate_chunk(params, requests[start : start + chunk], params_sampling, key)
-            )
+        results: list[SampleResult | None] = [None] * len(requests)
+        for c, idx in enumerate(chunk_by_group([_sharing_key(r) for r in requests], chunk)):
+            key = rng if c == 0 else jax.random.fold_in(rng, c)
+            out = self._generate_chunk(params, [requests[i] for i in idx], params_sampling, key)
+            for i, res in zip(idx, out, strict=True):
+                results[i] = res
         return results
 
     def _validate(self, r: SampleRequest) -> None:
@@ -433,7 +439,7 @@ class Sampler:
         if any(r.group is not None for r in requests):
             layout = plan_layout(
                 [r.prompt_ids for r in requests],
-                [None if r.group is None else (r.role, r.group) for r in requests],
+                [_sharing_key(r) for r in requests],
                 new_tokens=new_tokens,
                 prompt_buckets=self.prompt_buckets,
                 batch_buckets=self.batch_buckets,
