@@ -55,7 +55,8 @@ class SampleRequest:
 
     `group`: any hashable key (e.g. the task group's id). Requests of one call with the same role and
     group share the KV of their prompts' longest common token prefix (computed once, stored once);
-    None (the default) generates the row on its own. The output does not depend on it.
+    None (the default) generates the row on its own. Greedy output does not depend on it; sampled
+    output keeps its distribution, but a row's random draws follow its place in the call's layout.
     """
 
     prompt_ids: list[int]
