@@ -1,15 +1,24 @@
 """Generated tokens/s of our sampler against transformers `generate` (PyTorch, CPU), same run.
 
 Setting (issue 3): random Qwen2 with vocab 8192, hidden 512, intermediate 1408, 4 layers, 8 heads,
-2 KV heads, untied (~20M parameters); batch 32, prompt 256, 64 new tokens, greedy, EOS disabled so
-both sides generate exactly 64 tokens per row. Time is wall time of a whole call (prefill included),
-best of a few repeats; our compile time is reported apart. The fraction of the compute limit is the
-work's FLOPs over our wall time, divided by the FLOP/s of a large fp32 matmul on this machine.
+2 KV heads, untied (~20M parameters); greedy, EOS disabled so both sides generate exactly `--new`
+tokens per row. Two workloads, each timed against `generate` on the same rows:
 
-    python benchmarks/sampler.py [--batch 32 --prompt 256 --new 64 --repeats 3]
+- plain: batch 32, prompt 256, 64 new tokens (every row its own prompt).
+- group: 4 groups x 8 rows (GRPO-style rollouts of one task), each row a 512-token prefix its group
+  shares followed by its own 64 tokens, 64 new tokens. Our requests declare their group, so the
+  sampler prefills and stores each group's prefix once; `generate` runs the 32 full 576-token rows.
+  Our own time on the same rows without groups is printed beside it.
+
+Time is wall time of a whole call (prefill included), best of a few repeats; our compile time is
+reported apart. The fraction of the compute limit is the work's FLOPs over our wall time, divided by
+the FLOP/s of a large fp32 matmul on this machine (plain workload).
+
+    python benchmarks/sampler.py [--workload plain|group|both] [--repeats 3]
 
 Process CPU seconds per call are printed beside the wall times: on a machine shared with other jobs
-they show the work each side needs, which the wall-clock ratio alone cannot.
+they show the work each side needs, which the wall-clock ratio alone cannot. Last line: one JSON object
+with a record per workload.
 """
 
 from __future__ import annotations
@@ -100,10 +109,138 @@ def time_torch(hf, prompts: np.ndarray, new: int, repeats: int) -> tuple[float, 
     return best
 
 
+def timed_ours(run, repeats: int) -> tuple[float, float, float, list]:
+    """(best wall, its CPU seconds, compile seconds, first output): the first call compiles, then the
+    best of `repeats` calls."""
+    first = time.perf_counter()
+    out = run()
+    first = time.perf_counter() - first
+    wall, cpu = best_time(run, repeats)
+    return wall, cpu, max(0.0, first - wall), out
+
+
+def plain_workload(args, sampler_for, params, hf) -> dict:
+    from roleagent_jax.sampling import SampleRequest, SamplingParams
+
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, BENCH_CONFIG["vocab_size"], size=(args.batch, args.prompt)).astype(np.int64)
+    reqs = [SampleRequest([int(t) for t in row], args.new) for row in prompts]
+    sampler = sampler_for(batch_buckets=(args.batch,), prompt_buckets=(args.prompt,))
+
+    def run_ours() -> list:
+        return sampler.generate(params, reqs, SamplingParams(greedy=True), jax.random.key(0))
+
+    limit = matmul_flops_per_s()
+    ours, ours_cpu, compile_s, out = timed_ours(run_ours, args.repeats)
+    assert all(len(o.token_ids) == args.new for o in out)
+    torch_s, torch_cpu, torch_threads = time_torch(hf, prompts, args.new, args.repeats)
+    ours, ours_cpu = min((ours, ours_cpu), best_time(run_ours, args.repeats))  # interleaved: load drifts
+    limit = max(limit, matmul_flops_per_s())
+    generated = args.batch * args.new
+    flops = generation_flops(BENCH_CONFIG, args.batch, args.prompt, args.new)
+    ours_tps, torch_tps = generated / ours, generated / torch_s
+    print(f"[plain] batch {args.batch}, prompt {args.prompt}, {args.new} new")
+    print(
+        f"  ours:  {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
+    )
+    print(
+        f"  torch: {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
+    )
+    print(
+        f"  work {flops / 1e9:.1f} GFLOP; matmul limit {limit / 1e9:.1f} GFLOP/s = {generated * limit / flops:.0f} tok/s"
+    )
+    return {
+        "tokens_per_s": round(ours_tps, 1),
+        "ratio_vs_torch": round(ours_tps / torch_tps, 3),
+        "fraction_of_limit": round(flops / ours / limit, 3),
+        "torch_tokens_per_s": round(torch_tps, 1),
+        "compile_s": round(compile_s, 2),
+        "cpu_s_ours": round(ours_cpu, 2),
+        "cpu_s_torch": round(torch_cpu, 2),
+    }
+
+
+def group_prompts(groups: int, rows: int, prefix: int, suffix: int, vocab: int, seed: int = 0) -> np.ndarray:
+    """``[groups * rows, prefix + suffix]`` ids: rows of a group share their first ``prefix`` tokens and
+    differ from the next one on (each row's own part starts with a different token)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((groups * rows, prefix + suffix), np.int64)
+    for g in range(groups):
+        head = rng.integers(1, vocab, size=prefix)
+        firsts = rng.choice(np.arange(1, vocab), size=rows, replace=False)
+        for r in range(rows):
+            out[g * rows + r, :prefix] = head
+            out[g * rows + r, prefix:] = np.concatenate(
+                [[firsts[r]], rng.integers(1, vocab, size=suffix - 1)]
+            )
+    return out
+
+
+def group_workload(args, sampler_for, params, hf) -> dict:
+    from roleagent_jax.sampling import SampleRequest, SamplingParams
+
+    groups, rows = args.groups, args.group_size
+    prompts = group_prompts(groups, rows, args.prefix, args.suffix, BENCH_CONFIG["vocab_size"])
+    grouped = [
+        SampleRequest([int(t) for t in row], args.new, group=b // rows) for b, row in enumerate(prompts)
+    ]
+    single = [SampleRequest(r.prompt_ids, r.max_new_tokens) for r in grouped]
+    sampler = sampler_for(  # buckets that fit both layouts exactly: no padding on either side
+        batch_buckets=(groups * rows,), prompt_buckets=(args.suffix, args.prefix, args.prefix + args.suffix)
+    )
+    greedy = SamplingParams(greedy=True)
+
+    def run_shared() -> list:
+        return sampler.generate(params, grouped, greedy, jax.random.key(0))
+
+    def run_unshared() -> list:
+        return sampler.generate(params, single, greedy, jax.random.key(0))
+
+    ours, ours_cpu, compile_s, shared_out = timed_ours(run_shared, args.repeats)
+    layout = sampler.last_layout
+    assert layout is not None and layout.prefix_len.max() == args.prefix, "the groups were not shared"
+    assert [o.token_ids for o in shared_out] == [o.token_ids for o in run_unshared()]  # greedy: identical
+    torch_s, torch_cpu, torch_threads = time_torch(hf, prompts, args.new, args.repeats)
+    ours, ours_cpu = min((ours, ours_cpu), best_time(run_shared, args.repeats))
+    unshared, unshared_cpu = best_time(run_unshared, args.repeats)
+    generated = len(grouped) * args.new
+    ours_tps, torch_tps, unshared_tps = generated / ours, generated / torch_s, generated / unshared
+    print(
+        f"[group] {groups} groups x {rows} rows, {args.prefix}-token shared prefix + {args.suffix} own, "
+        f"{args.new} new; layout {layout.groups} groups x {layout.rows_per_group} rows, prefix bucket "
+        f"{layout.prefix_bucket}, suffix bucket {layout.suffix_bucket}"
+    )
+    print(
+        f"  ours:     {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
+    )
+    print(
+        f"  unshared: {unshared:.2f} s wall, {unshared_cpu:.2f} s CPU  {unshared_tps:8.1f} generated tok/s  (same rows, no groups)"
+    )
+    print(
+        f"  torch:    {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
+    )
+    return {
+        "tokens_per_s": round(ours_tps, 1),
+        "ratio_vs_torch": round(ours_tps / torch_tps, 3),
+        "torch_tokens_per_s": round(torch_tps, 1),
+        "unshared_tokens_per_s": round(unshared_tps, 1),
+        "ratio_vs_unshared": round(ours_tps / unshared_tps, 3),
+        "compile_s": round(compile_s, 2),
+        "cpu_s_ours": round(ours_cpu, 2),
+        "cpu_s_unshared": round(unshared_cpu, 2),
+        "cpu_s_torch": round(torch_cpu, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--workload", choices=("plain", "group", "both"), default="both")
+    parser.add_argument("--batch", type=int, default=32, help="plain workload: rows")
+    parser.add_argument("--prompt", type=int, default=256, help="plain workload: prompt tokens")
+    parser.add_argument("--groups", type=int, default=4, help="group workload: groups")
+    parser.add_argument("--group-size", type=int, default=8, help="group workload: rows per group")
+    parser.add_argument("--prefix", type=int, default=512, help="group workload: shared prefix tokens")
+    parser.add_argument("--suffix", type=int, default=64, help="group workload: each row's own tokens")
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -112,68 +249,26 @@ def main() -> None:
     from flax import nnx
 
     from roleagent_jax.models import load_pretrained
-    from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
+    from roleagent_jax.sampling import Sampler
 
     print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpus: {os.cpu_count()}")
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(1, BENCH_CONFIG["vocab_size"], size=(args.batch, args.prompt)).astype(np.int64)
     with tempfile.TemporaryDirectory() as tmp:
         hf = build_models(Path(tmp))
         model, cfg = load_pretrained(tmp)
     graphdef, params = nnx.split(model)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     print(f"model: {n_params / 1e6:.1f}M parameters")
-
     tokenizer = word_tokenizer(cfg.vocab_size)
-    reqs = [SampleRequest([int(t) for t in row], args.new) for row in prompts]
-    greedy = SamplingParams(greedy=True)
 
-    sampler = Sampler(
-        graphdef, cfg, tokenizer, eos_ids=(), batch_buckets=(args.batch,), prompt_buckets=(args.prompt,),
-        max_new_tokens_cap=args.new,
-    )  # fmt: skip
+    def sampler_for(**buckets) -> Sampler:
+        return Sampler(graphdef, cfg, tokenizer, eos_ids=(), max_new_tokens_cap=args.new, **buckets)
 
-    def run_ours() -> list:
-        return sampler.generate(params, reqs, greedy, jax.random.key(0))
-
-    first = time.perf_counter()
-    out = run_ours()
-    first = time.perf_counter() - first
-    assert all(len(o.token_ids) == args.new for o in out)
-    limit = matmul_flops_per_s()
-    ours, ours_cpu = best_time(run_ours, args.repeats)
-    compile_s = max(0.0, first - ours)
-    torch_s, torch_cpu, torch_threads = time_torch(hf, prompts, args.new, args.repeats)
-    ours, ours_cpu = min((ours, ours_cpu), best_time(run_ours, args.repeats))  # interleaved: load drifts
-    limit = max(limit, matmul_flops_per_s())
-
-    generated = args.batch * args.new
-    flops = generation_flops(BENCH_CONFIG, args.batch, args.prompt, args.new)
-    ours_tps, torch_tps = generated / ours, generated / torch_s
-    fraction = flops / ours / limit
-    print(
-        f"ours:  {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
-    )
-    print(
-        f"torch: {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
-    )
-    print(
-        f"work {flops / 1e9:.1f} GFLOP; matmul limit {limit / 1e9:.1f} GFLOP/s = {generated * limit / flops:.0f} tok/s"
-    )
-    print(
-        json.dumps(
-            {
-                "bench": "sampler",
-                "tokens_per_s": round(ours_tps, 1),
-                "ratio_vs_torch": round(ours_tps / torch_tps, 3),
-                "fraction_of_limit": round(fraction, 3),
-                "torch_tokens_per_s": round(torch_tps, 1),
-                "compile_s": round(compile_s, 2),
-                "cpu_s_ours": round(ours_cpu, 2),
-                "cpu_s_torch": round(torch_cpu, 2),
-            }
-        )
-    )
+    record: dict = {"bench": "sampler"}
+    if args.workload in ("plain", "both"):
+        record["plain"] = plain_workload(args, sampler_for, params, hf)
+    if args.workload in ("group", "both"):
+        record["group"] = group_workload(args, sampler_for, params, hf)
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

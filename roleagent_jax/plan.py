@@ -7,8 +7,11 @@
 Parameters and optimizer state are counted exactly: the model and ``optimizer.init`` are traced with
 ``nnx.eval_shape`` / ``jax.eval_shape`` (no weights are made) and every leaf is divided by the mesh axes
 its partition rule (``sharding.PARTITION_RULES``) puts on it. The KV cache is ``init_cache``'s abstract
-shape for one sampler call. Activations are an estimate (formula in ``activation_bytes`` and
-docs/scaling.md). The last line printed is a JSON object with every number.
+shape for one sampler call; with ``--shared-prefix-tokens=N`` (rows of one task group share their
+prompts' first N tokens) it is the sampler's shared-prefix layout, chosen by the sampler's own planner
+(``sampling.prefix.plan_layout``): one prefix cache per group plus each row's own slots. Activations
+are an estimate (formula in ``activation_bytes`` and docs/scaling.md). The last line printed is a JSON
+object with every number.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
 
@@ -155,14 +159,28 @@ class Workload:
     kl: bool  # a frozen reference model is kept
     remat: bool
     optimizer: dict
+    prompt_tokens: int = 0  # longest prompt (max_prompt_tokens)
+    task_groups: int = 0  # rollout groups (tasks) in a call
+    group_size: int = 0  # agent rows per group
+    predictor_rows: int = 0  # WIA predictor rows per group
+    shared_prefix: int = 0  # prompt tokens the rows of a group share (0: plan the plain layout)
 
     @classmethod
     def from_config(
-        cls, config: Any, micro_batch_rows: int | None = None, remat: bool | None = None
+        cls,
+        config: Any,
+        micro_batch_rows: int | None = None,
+        remat: bool | None = None,
+        shared_prefix: int = 0,
     ) -> Workload:
         r, c = config.rollout, config
+        if not 0 <= shared_prefix < r.max_prompt_tokens:
+            raise ValueError(
+                f"shared prefix tokens must be in [0, max_prompt_tokens={r.max_prompt_tokens}), got {shared_prefix}"
+            )
         rows = r.tasks_per_iter * r.group_size
         wia_mode = "off" if c.algo in ("grpo", "gigpo") else c.wia.mode
+        predictors = math.ceil(r.group_size * c.wia.fraction) if wia_mode == "separate" else 0
         if wia_mode == "separate":
             rows += math.ceil(rows * c.wia.fraction)  # predictor prompts ride in the same call
         buckets = capped_batch_buckets(r.max_rows_per_call)  # one call holds at most the largest
@@ -188,6 +206,11 @@ class Workload:
             kl=kl,
             remat=c.model.remat if remat is None else remat,
             optimizer=opt,
+            prompt_tokens=r.max_prompt_tokens,
+            task_groups=r.tasks_per_iter,
+            group_size=r.group_size,
+            predictor_rows=predictors,
+            shared_prefix=shared_prefix,
         )
 
 
@@ -262,6 +285,36 @@ def device_bytes(tree: Any, mesh: jax.sharding.AbstractMesh, params: Any | None 
     return total
 
 
+def rollout_layout(work: Workload, sizes: dict[str, int]) -> PrefixLayout | None:
+    """The sampler's shared-prefix layout of the rollout's largest call, or None for the plain layout.
+
+    The requests are the rollout's: each task group's agent rows and its predictor rows (their own
+    sharing group), split into calls of at most the call's row count as the sampler splits them
+    (whole groups, ``prefix.chunk_by_group``); every prompt is ``max_prompt_tokens`` long (the worst
+    case) and the rows of a group share their first ``shared_prefix`` tokens. The sampler's planner
+    then lays out the largest call as it would at run time.
+    """
+    if not work.shared_prefix:
+        return None
+    every: list[tuple[str, int]] = []
+    for g in range(work.task_groups):
+        every += [("agent", g)] * work.group_size + [("predictor", g)] * work.predictor_rows
+    keys = [every[i] for i in max(chunk_by_group(every, work.rollout_rows), key=len)]
+    rest = work.prompt_tokens - work.shared_prefix
+    prompts = []
+    for b, (role, g) in enumerate(keys):  # a group's head (negative ids), then ids no other row has
+        head = [-1 - 2 * g - (role == "predictor")] * work.shared_prefix
+        prompts.append(head + list(range(b * rest, (b + 1) * rest)))
+    return plan_layout(
+        prompts,
+        keys,
+        new_tokens=work.cache_len - work.prompt_len,
+        prompt_buckets=PROMPT_BUCKETS,
+        batch_buckets=capped_batch_buckets(work.rollout_rows),
+        row_multiple=sizes["data"] * sizes["fsdp"],
+    )
+
+
 def kv_cache_bytes(cfg: Qwen2Config, rows: int, length: int, sizes: dict[str, int]) -> tuple[int, int]:
     """(global, per-device) bytes of one sampler call's KV cache: rows over data x fsdp, KV heads over
     tensor when they divide (``sharding.cache_sharding``)."""
@@ -317,14 +370,27 @@ def logprob_bytes(cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int]) 
     return int(act["one_layer"] + r * seq * 2 * 4 * math.ceil(cfg.vocab_size / sizes["tensor"]))
 
 
-def prefill_bytes(cfg: Qwen2Config, work: Workload, sizes: dict[str, int]) -> int:
+def prefill_bytes(
+    cfg: Qwen2Config, work: Workload, sizes: dict[str, int], layout: PrefixLayout | None = None
+) -> int:
     """Per-device transient of the sampler's prefill (one layer at a time, no backward): attention
-    scores, masked scores and probabilities ``n·P·S·(4+4+b)`` per row, plus the MLP's ``3·P·i·b``."""
+    scores, masked scores and probabilities ``n·P·S·(4+4+b)`` per row, plus the MLP's ``3·P·i·b``.
+    With a shared-prefix layout the larger of its two stages: each group's prefix over itself, then
+    each row's suffix over its group's prefix and its own slots."""
     b = np.dtype(cfg.dtype).itemsize
-    t = sizes["tensor"]
-    r = _per_device_rows(work.rollout_rows, sizes)
-    n, i, p, s = cfg.num_attention_heads, cfg.intermediate_size, work.prompt_len, work.cache_len
-    return int(r * (n * p * s * (8 + b) + 3 * p * i * b) / t)
+    n, i = cfg.num_attention_heads, cfg.intermediate_size
+
+    def stage(rows: int, p: int, s: int) -> int:
+        return int(_per_device_rows(rows, sizes) * (n * p * s * (8 + b) + 3 * p * i * b) / sizes["tensor"])
+
+    if layout is None:
+        return stage(work.rollout_rows, work.prompt_len, work.cache_len)
+    new = work.cache_len - work.prompt_len
+    own = layout.suffix_bucket
+    return max(
+        stage(layout.groups, layout.prefix_bucket, layout.prefix_bucket),
+        stage(layout.rows, own, layout.prefix_bucket + own + new),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -374,8 +440,22 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     g_glob = p_glob + (f32_params if micro > 1 else 0)
     g_dev = p_dev * (1 + (4 // np.dtype(cfg.param_dtype).itemsize if micro > 1 else 0))
     ref = (p_glob, p_dev) if work.kl else (0, 0)
-    kv_glob, kv_dev = kv_cache_bytes(cfg, work.rollout_rows, work.cache_len, sizes)
-    pre = prefill_bytes(cfg, work, sizes)
+    layout = rollout_layout(work, sizes)
+    if layout is None:
+        kv_glob, kv_dev = kv_cache_bytes(cfg, work.rollout_rows, work.cache_len, sizes)
+        kv_note = f"{work.rollout_rows} rows x {work.cache_len} slots, {np.dtype(cfg.dtype).name}"
+        pre_note = f"attention over a {work.prompt_len}-token prompt, one layer"
+    else:
+        new = work.cache_len - work.prompt_len
+        shared = kv_cache_bytes(cfg, layout.groups, layout.prefix_bucket, sizes)
+        own = kv_cache_bytes(cfg, layout.rows, layout.suffix_bucket + new, sizes)
+        kv_glob, kv_dev = shared[0] + own[0], shared[1] + own[1]
+        kv_note = (
+            f"{layout.groups} groups x {layout.prefix_bucket} shared slots + {layout.rows} rows x "
+            f"{layout.suffix_bucket + new}, {np.dtype(cfg.dtype).name}"
+        )
+        pre_note = f"{layout.prefix_bucket}-token prefix per group, {layout.suffix_bucket} per row"
+    pre = prefill_bytes(cfg, work, sizes, layout)
     act = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, work.remat)
     act_other = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, not work.remat)
     act_dev = act["layers"] + act["logits"] + act["embed"]
@@ -394,13 +474,8 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
         ),
         ("gradients", g_glob, g_dev, "param dtype" + (" + float32 accumulator" if micro > 1 else "")),
         ("reference model", ref[0], ref[1], "KL on: frozen copy" if work.kl else "KL off"),
-        (
-            "KV cache (rollout)",
-            kv_glob,
-            kv_dev,
-            f"{work.rollout_rows} rows x {work.cache_len} slots, {np.dtype(cfg.dtype).name}",
-        ),
-        ("prefill transient", pre * nd, pre, f"attention over a {work.prompt_len}-token prompt, one layer"),
+        ("KV cache (rollout)", kv_glob, kv_dev, kv_note),
+        ("prefill transient", pre * nd, pre, pre_note),
         (
             f"activations ({remat_note})",
             act_dev * nd,
@@ -657,6 +732,7 @@ def plan_from_config(
     remat: bool | None = None,
     param_dtype: str | None = None,
     xla: bool = False,
+    shared_prefix: int = 0,
 ) -> Plan:
     """The whole planner as a function (the CLI's body)."""
     from roleagent_jax.config import apply_algo
@@ -670,7 +746,7 @@ def plan_from_config(
     cfg, label = model_config(model, config, param_dtype)
     if remat is not None:
         cfg = cfg.replace(remat=remat)
-    work = Workload.from_config(config, micro_batch_rows, remat)
+    work = Workload.from_config(config, micro_batch_rows, remat, shared_prefix)
     if work.mini_batch_rows % work.micro_batch_rows:
         raise ValueError(
             f"micro_batch_rows {work.micro_batch_rows} must divide mini_batch_rows {work.mini_batch_rows}"
@@ -708,6 +784,12 @@ def main(argv: list[str]) -> int:
         "Also compile the real train step on this machine's devices and "
         "print XLA's per-device memory (needs as many devices as the mesh).",
     )
+    shared = flags.DEFINE_integer(
+        "shared_prefix_tokens",
+        0,
+        "Prompt tokens the rows of a task group share (e.g. max_prompt_tokens - 1 for a group's "
+        "identical first prompts): plan the sampler's shared-prefix layout. 0: every row its own.",
+    )
     flags.FLAGS(_normalise(sys.argv))
     try:
         plan = plan_from_config(
@@ -720,6 +802,7 @@ def main(argv: list[str]) -> int:
             remat.value,
             pdt.value,
             xla.value,
+            shared.value,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -730,9 +813,14 @@ def main(argv: list[str]) -> int:
 
 
 def _normalise(argv: list[str]) -> list[str]:
-    """Accept --micro-batch-rows / --hbm-gb / --param-dtype spellings as well as underscores."""
+    """Accept --micro-batch-rows / --hbm-gb / --param-dtype / --shared-prefix-tokens spellings as well
+    as underscores."""
     return [
-        re.sub(r"^--(micro-batch-rows|hbm-gb|param-dtype)", lambda m: "--" + m.group(1).replace("-", "_"), a)
+        re.sub(
+            r"^--(micro-batch-rows|hbm-gb|param-dtype|shared-prefix-tokens)",
+            lambda m: "--" + m.group(1).replace("-", "_"),
+            a,
+        )
         for a in argv
     ]
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 VOCAB = 128
+# Game text for the samplers' tokenizer (`game_tokenizer`).
+TEXTS = [
+    "You arrive at the kitchen. On the countertop 1, you see an apple 1, a knife 2, and a mug 3.",
+    "Your task is to: put a clean apple in fridge. <think>I need the apple first.</think>",
+    "<action>take apple 1 from countertop 1</action> You pick up the apple 1 from the countertop 1.",
+    "Nothing happens. You open the fridge 1. The fridge 1 is open. In it, you see a lettuce 1.",
+]
 
 
 def torch_qwen2(tie: bool, kv_heads: int, seed: int = 0, layers: int = 2):
@@ -85,3 +92,44 @@ def _make_jit():
 
 
 _jit_forward = _make_jit()
+
+
+def game_tokenizer():
+    """A tiny byte-level BPE trained on ASCII game text (every token decodes to ASCII)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=160, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.train_from_iterator(TEXTS * 10, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def sampling_qwen2(vocab: int):
+    """A tiny fp32 transformers Qwen2 whose weights are large enough that greedy output varies."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).eval().float()
+    with torch.no_grad():  # large enough weights that the output is not one repeated token
+        for name, p in model.named_parameters():
+            p.copy_(
+                1.0 + 0.1 * torch.randn_like(p)
+                if name.endswith("norm.weight")
+                else 0.15 * torch.randn_like(p)
+            )
+    return model

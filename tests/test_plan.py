@@ -249,3 +249,90 @@ def test_rows_per_call_advice_is_a_config_knob_that_fits():
     assert capped.phases["rollout"] < big.phases["rollout"]
     assert f"{rows} rows x" in plan.format_table(capped)
     assert capped.fits, capped.advice
+
+
+def search_qa_config():
+    """The paper's search-QA shape: 256 questions x 5 rollouts; 4096-token prompts (retrieved passages
+    over up to four turns) and 512-token responses are this project's assumption."""
+    config = load_config("alfworld")
+    config.rollout.tasks_per_iter, config.rollout.group_size = 256, 5
+    config.rollout.max_prompt_tokens, config.rollout.max_response_tokens = 4096, 512
+    return config
+
+
+def test_shared_prefix_plan_stores_one_prefix_per_group():
+    """A group's identical first prompts (all but one token shared): the KV cache is one 2048-slot
+    prefix per sharing group (16 agent + 16 predictor groups of 8) plus 64 + 512 own slots per row,
+    counted here from the model's shapes alone; prefill and the rollout peak shrink with it."""
+    config = load_config("alfworld")
+    mesh = "data:1,fsdp:8,tensor:1"
+    plain = plan.plan_from_config(config, "1.5b", mesh, chip="v4")
+    shared = plan.plan_from_config(config, "1.5b", mesh, chip="v4", shared_prefix=2047)
+    cfg, _ = plan.model_config("1.5b", config)
+    per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2  # K and V, bf16
+    kv = {name: dev for name, _, dev, _ in shared.rows}["KV cache (rollout)"]
+    assert kv == per_slot * (32 * 2048 + 256 * (64 + 512)) // 8
+    assert {name: dev for name, _, dev, _ in plain.rows}["KV cache (rollout)"] == per_slot * 256 * 2560 // 8
+    for phase in ("persistent", "logprob", "train"):
+        assert shared.phases[phase] == plain.phases[phase]
+    assert shared.phases["rollout"] < plain.phases["rollout"] / 4
+    # Half the prompt shared: the rows keep 1024 + 512 slots each; a 16-token head does not pay.
+    half = plan.plan_from_config(config, "1.5b", mesh, chip="v4", shared_prefix=1024)
+    assert {name: dev for name, _, dev, _ in half.rows}["KV cache (rollout)"] == per_slot * (
+        32 * 1024 + 256 * (1024 + 512)
+    ) // 8
+    short = plan.plan_from_config(config, "1.5b", mesh, chip="v4", shared_prefix=16)
+    assert short.rows == plain.rows and short.peak == plain.peak
+    with pytest.raises(ValueError, match="shared prefix tokens"):
+        plan.plan_from_config(config, "1.5b", mesh, chip="v4", shared_prefix=2048)
+
+
+def test_shared_prefix_groups_of_five_fill_grid_groups_of_five():
+    """Search-QA's groups of 5: calls take whole groups (51 of them in 256 rows) and the grid is
+    5 rows per group, 56 groups (a multiple of the 8 batch shards)."""
+    work = plan.Workload.from_config(search_qa_config(), shared_prefix=4095)
+    layout = plan.rollout_layout(work, {"data": 1, "fsdp": 8, "tensor": 1})
+    assert (layout.groups, layout.rows_per_group, layout.prefix_bucket, layout.suffix_bucket) == (
+        56,
+        5,
+        4096,
+        64,
+    )
+    assert int((layout.slots >= 0).sum()) == 255 and int((layout.prefix_len == 4095).sum()) == 51
+
+
+SHARED_DOCS = [
+    ("alfworld", "1.5b", "data:1,fsdp:8,tensor:1", "v4", 2047),
+    ("search_qa", "7b", "data:1,fsdp:8,tensor:1", "h100", 0),
+    ("search_qa", "7b", "data:1,fsdp:8,tensor:1", "h100", 4095),
+]
+
+
+@pytest.mark.parametrize("shape,model,mesh,chip,shared", SHARED_DOCS)
+def test_docs_shared_prefix_tables_are_current(shape, model, mesh, chip, shared):
+    """docs/scaling.md's shared-prefix section shows these plans verbatim (commands in the doc)."""
+    config = load_config("alfworld") if shape == "alfworld" else search_qa_config()
+    table = plan.format_table(plan.plan_from_config(config, model, mesh, chip=chip, shared_prefix=shared))
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    assert table in doc, f"docs/scaling.md is out of date for {shape} --shared-prefix-tokens={shared}"
+
+
+@pytest.mark.slow
+def test_docs_shared_prefix_summary_is_current():
+    """The per-device summary rows of docs/scaling.md's shared-prefix section (12 plans: slow)."""
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    shapes = [
+        ("ALFWorld 16 x 8 (+128 predictor rows), 1.5B, fsdp:8 (v4)", load_config("alfworld"), "1.5b", "v4"),
+        ("ALFWorld 16 x 8 (+128 predictor rows), 7B, fsdp:8 (v4)", load_config("alfworld"), "7b", "v4"),
+        ("search-QA 256 x 5 (+5 predictor rows each), 7B, fsdp:8 (h100)", search_qa_config(), "7b", "h100"),
+    ]
+    for label, config, model, chip in shapes:
+        prompt = config.rollout.max_prompt_tokens
+        for n in (0, 256, prompt // 2, prompt - 1):
+            p = plan.plan_from_config(config, model, "data:1,fsdp:8,tensor:1", chip=chip, shared_prefix=n)
+            dev = {name: d for name, _, d, _ in p.rows}
+            row = (
+                f"| {label} | {n} | {dev['KV cache (rollout)'] / plan.GIB:.2f} | "
+                f"{dev['prefill transient'] / plan.GIB:.2f} | {p.phases['rollout'] / plan.GIB:.2f} |"
+            )
+            assert row in doc, row

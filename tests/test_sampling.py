@@ -8,64 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from qwen2_tiny import TEXTS, game_tokenizer, sampling_qwen2
 
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling import stops as stops_lib
 
-TEXTS = [
-    "You arrive at the kitchen. On the countertop 1, you see an apple 1, a knife 2, and a mug 3.",
-    "Your task is to: put a clean apple in fridge. <think>I need the apple first.</think>",
-    "<action>take apple 1 from countertop 1</action> You pick up the apple 1 from the countertop 1.",
-    "Nothing happens. You open the fridge 1. The fridge 1 is open. In it, you see a lettuce 1.",
-]
 PROMPTS = ["You arrive at", "Your task is to: put a clean apple in fridge. <think>I", "<action>take the", "a"]
-
-
-def _tokenizer():
-    """A tiny byte-level BPE trained on ASCII game text (every token decodes to ASCII)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=160, special_tokens=["<|endoftext|>"], show_progress=False)
-    bpe.train_from_iterator(TEXTS * 10, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-
-
-def _torch_model(vocab: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(cfg).eval().float()
-    with torch.no_grad():  # large enough weights that the output is not one repeated token
-        for name, p in model.named_parameters():
-            p.copy_(
-                1.0 + 0.1 * torch.randn_like(p)
-                if name.endswith("norm.weight")
-                else 0.15 * torch.randn_like(p)
-            )
-    return model
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    tok = _tokenizer()
-    hf = _torch_model(len(tok))
+    tok = game_tokenizer()
+    hf = sampling_qwen2(len(tok))
     path = tmp_path_factory.mktemp("tiny_qwen2")
     hf.save_pretrained(str(path))
     model, cfg = load_pretrained(path)

@@ -2,6 +2,14 @@
 
 from roleagent_jax.models.config import Qwen2Config
 from roleagent_jax.models.hf_io import load_pretrained, save_pretrained
-from roleagent_jax.models.qwen2 import KVCache, Qwen2ForCausalLM, init_cache
+from roleagent_jax.models.qwen2 import KVCache, Qwen2ForCausalLM, SharedPrefix, init_cache
 
-__all__ = ["KVCache", "Qwen2Config", "Qwen2ForCausalLM", "init_cache", "load_pretrained", "save_pretrained"]
+__all__ = [
+    "KVCache",
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
+    "SharedPrefix",
+    "init_cache",
+    "load_pretrained",
+    "save_pretrained",
+]

@@ -39,6 +39,16 @@ class KVCache(NamedTuple):
         return jax.tree.leaves(self.k)[0].shape[-2]
 
 
+class SharedPrefix(NamedTuple):
+    """Prompt heads shared by groups of rows, each stored once: ``cache`` is laid out like a KVCache
+    with one ``[groups, kv_heads, prefix_slots, head_dim]`` entry per layer, ``mask`` bool
+    ``[groups, prefix_slots]`` marks real slots. Rows are group-major: with ``B`` rows, row ``b`` reads
+    group ``b // (B // groups)``. A group whose mask is all false is an empty prefix."""
+
+    cache: KVCache
+    mask: jax.Array
+
+
 def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An all-zero cache with ``max_len`` slots per row (compute dtype unless given)."""
     shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
@@ -97,6 +107,20 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     normalisation is applied after mixing the values, on ``[B, T, N, D]`` instead of the larger
     ``[B, N, T, S]`` probabilities (one fewer pass over the biggest tensor, forward and backward).
     """
+    out, _, total = attention_partials(q, k, v, mask)
+    out = out / total[..., None]
+    return out.astype(q.dtype).reshape(q.shape)
+
+
+def attention_partials(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Attention over one block of keys, left un-normalised so blocks can be merged exactly.
+
+    Shapes as ``grouped_attention``. Returns float32 ``(out [B, T, KV, G, D], top [B, T, KV, G],
+    total [B, T, KV, G])``: ``out`` is ``sum_s exp(score_s - top) v_s`` and ``total`` is
+    ``sum_s exp(score_s - top)`` over the visible keys, ``top`` their largest score.
+    """
     b, t, n, d = q.shape
     kv = k.shape[1]
     qg = q.reshape(b, t, kv, n // kv, d)
@@ -118,8 +142,55 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
         out = jnp.transpose(out, (0, 3, 1, 2, 4))  # [B,KV,G,T,D] -> [B,T,KV,G,D]
     else:
         out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
-    return out.astype(q.dtype).reshape(b, t, n, d)
+    return out, jnp.transpose(top[..., 0], (0, 3, 1, 2)), jnp.transpose(total, (0, 3, 1, 2))
+
+
+def prefix_attention_partials(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``attention_partials`` against prefixes that groups of consecutive rows share.
+
+    q ``[B, T, N, D]`` with rows group-major (row ``b`` belongs to group ``b // (B // G)``); k/v
+    ``[G, KV, L, D]``, one prefix per group; mask bool ``[G, L]`` marks its real slots (every query
+    sees the whole prefix, which precedes all of its row's own tokens). The queries of a group are
+    stacked into one ``[R*T*heads, D]`` operand per (group, KV head), so each prefix is read once per
+    group, not once per row. A group with no real slot gives ``total == 0`` and ``top == _NEG``, which
+    ``merge_attention`` weighs by zero.
+    """
+    b, t, n, d = q.shape
+    g, kv = k.shape[0], k.shape[1]
+    r, per_kv = b // g, n // kv
+    qg = q.reshape(g, r, t, kv, per_kv, d).transpose(0, 3, 1, 2, 4, 5).reshape(g, kv, r * t * per_kv, d)
+    dims = (((3,), (3,)), ((0, 1), (0, 1)))  # contract head_dim; batch over (G, KV)
+    scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [G, KV, L, M]
+    visible = mask[:, None, None, :]
+    scores = jnp.where(visible, jnp.swapaxes(scores, 2, 3) * (1.0 / math.sqrt(d)), _NEG)  # [G, KV, M, L]
+    top = jax.lax.stop_gradient(jnp.max(scores, axis=-1))
+    weights = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
+    total = jnp.sum(weights, axis=-1)
+    dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract slots; batch over (G, KV)
+    out = jax.lax.dot_general(weights.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)
+
+    def per_row(x: jax.Array) -> jax.Array:  # [G, KV, M, ...] -> [B, T, KV, heads per KV, ...]
+        x = x.reshape(g, kv, r, t, per_kv, *x.shape[3:])
+        return jnp.moveaxis(x, 1, 3).reshape(b, t, kv, per_kv, *x.shape[5:])
+
+    return per_row(out), per_row(top), per_row(total)
+
+
+def merge_attention(*parts: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+    """Exact softmax attention over the union of disjoint key blocks from their partials (the
+    log-sum-exp merge): each block is rescaled to the common maximum before the sums are combined.
+    Returns float32 ``[B, T, KV, G, D]``."""
+    top = parts[0][1]
+    for _, t, _ in parts[1:]:
+        top = jnp.maximum(top, t)
+    out = total = 0.0
+    for o, t, s in parts:
+        scale = jnp.exp(t - top)
+        out = out + o * scale[..., None]
+        total = total + s * scale
+    return out / total[..., None]
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int) -> jax.Array:
@@ -227,11 +298,14 @@ class Block(nnx.Module):
         write_index: jax.Array,
         layer: jax.Array | None = None,
         fresh: bool = False,
+        prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Like ``__call__`` but writes this step's K/V into slot ``write_index`` of the cache (an
         in-place update of only the new slots) and attends over it. The cache is this layer's
         ``[B, KV, S, D]`` arrays, or with ``layer`` the stacked ``[L, B, KV, S, D]`` ones. ``fresh``:
-        the cache is empty before these tokens, so they attend among themselves only."""
+        the cache is empty before these tokens, so they attend among themselves only. ``prefix``: this
+        layer's shared prefix (k, v ``[G, KV, L, D]``, mask ``[G, L]``) that precedes every row's own
+        slots; the two attentions are merged exactly (``merge_attention``)."""
         q, k, v = self.attn.qkv(self.input_norm(x), positions)
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, D]: only the new slots move
         zero = jnp.zeros((), jnp.int32)
@@ -246,7 +320,13 @@ class Block(nnx.Module):
             read_k, read_v, mask = k, v, mask[:, :, : k.shape[2]]
         else:
             read_k, read_v = (ck, cv) if layer is None else (ck[layer], cv[layer])
-        attn = grouped_attention(q, read_k.astype(q.dtype), read_v.astype(q.dtype), mask)
+        if prefix is None:
+            attn = grouped_attention(q, read_k.astype(q.dtype), read_v.astype(q.dtype), mask)
+        else:
+            pk, pv, pmask = prefix
+            own = attention_partials(q, read_k.astype(q.dtype), read_v.astype(q.dtype), mask)
+            shared = prefix_attention_partials(q, pk.astype(q.dtype), pv.astype(q.dtype), pmask)
+            attn = merge_attention(shared, own).astype(q.dtype).reshape(q.shape)
         x = x + self.attn.out(attn)
         return x + self.mlp(self.post_attn_norm(x)), ck, cv
 
@@ -345,6 +425,7 @@ class Qwen2ForCausalLM(nnx.Module):
         kv_mask: jax.Array,
         *,
         fresh: bool = False,
+        prefix: SharedPrefix | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Process ``T >= 1`` new tokens per row against the cache.
 
@@ -353,6 +434,8 @@ class Qwen2ForCausalLM(nnx.Module):
         ``s <= write_index + t`` with ``kv_mask``. Returns float32 logits ``[B, T, V]`` and the cache.
         ``fresh`` says the cache holds nothing yet (``write_index`` is 0): the tokens then attend over
         their own ``T`` slots instead of all ``S``, which saves a prompt's prefill the empty tail.
+        ``prefix``: prompt heads that groups of rows share, stored once per group (``SharedPrefix``);
+        every row also attends over its group's prefix, which comes before all of its own slots.
         """
         input_ids = jnp.asarray(input_ids, jnp.int32)
         t = input_ids.shape[1]
@@ -363,25 +446,28 @@ class Qwen2ForCausalLM(nnx.Module):
         mask = causal[None] & jnp.asarray(kv_mask).astype(jnp.bool_)[:, None, :]
         x = self._embed(input_ids)
 
-        def body(graphdef, state, h, k_cache, v_cache, layer=None):
+        def body(graphdef, state, h, k_cache, v_cache, layer=None, shared=None):
             block = nnx.merge(graphdef, state)
-            return block.decode(h, positions, mask, k_cache, v_cache, write_index, layer, fresh)
+            own = None if shared is None else (*shared, prefix.mask)
+            return block.decode(h, positions, mask, k_cache, v_cache, write_index, layer, fresh, own)
 
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.layers)
 
             def step(carry, inputs):
-                layer_state, layer = inputs
-                return body(graphdef, layer_state, *carry, layer), None
+                layer_state, layer, shared = inputs
+                return body(graphdef, layer_state, *carry, layer, shared), None
 
             layer_ids = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
-            (x, ck, cv), _ = jax.lax.scan(step, (x, cache.k, cache.v), (state, layer_ids))
+            shared = None if prefix is None else (prefix.cache.k, prefix.cache.v)
+            (x, ck, cv), _ = jax.lax.scan(step, (x, cache.k, cache.v), (state, layer_ids, shared))
             cache = KVCache(ck, cv)
         else:
             ks, vs = [], []
-            for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v, strict=True):
+            shared = [None] * len(cache.k) if prefix is None else zip(prefix.cache.k, prefix.cache.v)
+            for layer, k_cache, v_cache, own in zip(self.layers, cache.k, cache.v, shared, strict=True):
                 graphdef, state = nnx.split(layer)
-                x, k_cache, v_cache = body(graphdef, state, x, k_cache, v_cache)
+                x, k_cache, v_cache = body(graphdef, state, x, k_cache, v_cache, shared=own)
                 ks.append(k_cache)
                 vs.append(v_cache)
             cache = KVCache(tuple(ks), tuple(vs))

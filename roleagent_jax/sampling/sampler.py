@@ -6,11 +6,16 @@ up to buckets (batch, prompt length, new tokens, stop-string sizes) so a long ru
 of programs; the weights are an argument of both jitted functions, so a new policy every training
 step never recompiles. Prompts are left-padded so that every row writes its new token into the same
 cache slot; per-row positions keep RoPE right.
+
+Requests may declare a `group`: rows of one (role, group) share the longest common prefix of their
+prompts, which is then prefilled once per group, stored once, and read once per group by every decode
+step (`prefix.plan_layout` decides when this beats the plain layout; `qwen2.merge_attention` combines
+the shared and per-row attentions exactly).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -21,9 +26,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax import distributed
-from roleagent_jax.models import Qwen2Config, init_cache
+from roleagent_jax.models import Qwen2Config, SharedPrefix, init_cache
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
+from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 
 FINISH_REASONS = ("running", "eos", "stop", "length")  # index = the code the decode loop writes
 _EOS, _STOP, _LENGTH = 1, 2, 3
@@ -45,12 +51,19 @@ def capped_batch_buckets(max_rows: int) -> tuple[int, ...]:
 
 @dataclass
 class SampleRequest:
-    """One generation request. `stop` strings end the response; the matched stop stays in the text."""
+    """One generation request. `stop` strings end the response; the matched stop stays in the text.
+
+    `group`: any hashable key (e.g. the task group's id). Requests of one call with the same role and
+    group share the KV of their prompts' longest common token prefix (computed once, stored once);
+    None (the default) generates the row on its own. Greedy output does not depend on it; sampled
+    output keeps its distribution, but a row's random draws follow its place in the call's layout.
+    """
 
     prompt_ids: list[int]
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     role: str = "agent"
+    group: Hashable | None = None
 
 
 @dataclass
@@ -95,6 +108,11 @@ class SamplingParams:
         return self.greedy or self.temperature == 0.0
 
 
+def _sharing_key(r: SampleRequest) -> Hashable | None:
+    """Requests share prompt prefixes within one role and group."""
+    return None if r.group is None else (r.role, r.group)
+
+
 def _bucket(n: int, buckets: Sequence[int], what: str, hint: str) -> int:
     for b in buckets:
         if b >= n:
@@ -119,7 +137,9 @@ class Sampler:
     `num_compilations` counts traces of the two jitted functions (one per new bucket shape or
     sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
     With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
-    `sharding.cache_sharding` and the weights `sharding.param_shardings`.
+    `sharding.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
+    whole groups (their prefix cache beside their rows) the same way. `last_layout` is the
+    shared-prefix layout of the last chunk generated (None: it used the plain per-row layout).
     """
 
     def __init__(
@@ -162,9 +182,11 @@ class Sampler:
         )
         self.row_multiple = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
         self.num_compilations = 0
+        self.last_layout: PrefixLayout | None = None
         self._pieces: list[bytes] | None = None
         self._table: tuple[jax.Array, jax.Array] | None = None
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("cache_len",))
+        self._prefill_shared = jax.jit(self._prefill_shared_fn, static_argnames=("cache_len",))
         self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
 
     # ---------------------------------------------------------------- placement helpers
@@ -182,6 +204,12 @@ class Sampler:
         from roleagent_jax.sharding import cache_sharding
 
         return jax.lax.with_sharding_constraint(cache, cache_sharding(self.mesh, self.config))
+
+    def _constrain_prefix(self, prefix: SharedPrefix | None) -> SharedPrefix | None:
+        """A shared prefix keeps its groups over the batch axes, like the rows that read it."""
+        if prefix is None:
+            return None
+        return SharedPrefix(self._constrain_cache(prefix.cache), self._constrain(prefix.mask))
 
     def _put_rows(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
@@ -220,17 +248,40 @@ class Sampler:
         largest buffer of a rollout.
         """
         self.num_compilations += 1
-        batch, plen = ids.shape
         model = nnx.merge(self.graphdef, params)
-        cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+        return self._fill(model, ids, mask, positions, cache_len, None)
+
+    def _prefill_shared_fn(self, params, prefix_ids, prefix_mask, ids, mask, offset, *, cache_len: int):
+        """Prefill each group's shared prefix once (``[groups, prefix]``, left-padded, its own cache of
+        exactly that many slots), then every row's own prompt suffix, positioned after its group's
+        prefix (``offset`` tokens) and attending over it. Returns the prefill's logits, the rows' cache
+        and the prefix (``SharedPrefix``), which decoding reads but never writes."""
+        self.num_compilations += 1
+        model = nnx.merge(self.graphdef, params)
+        groups, span = prefix_ids.shape
+        prefix_cache = self._constrain_cache(init_cache(self.config, groups, span))
+        prefix_pos = jnp.maximum(jnp.cumsum(prefix_mask, axis=1) - 1, 0).astype(jnp.int32)
+        _, prefix_cache = model.decode(
+            prefix_ids, prefix_pos, prefix_cache, jnp.int32(0), prefix_mask.astype(bool), fresh=True
+        )
+        prefix = self._constrain_prefix(SharedPrefix(prefix_cache, prefix_mask.astype(bool)))
+        positions = offset[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+        logits, cache = self._fill(model, ids, mask, positions, cache_len, prefix)
+        return logits, cache, prefix
+
+    def _fill(self, model, ids, mask, positions, cache_len: int, prefix: SharedPrefix | None):
+        batch, plen = ids.shape
+        cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
         kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
         head = plen - 1
         if head:
             _, cache = model.decode(
-                ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask, fresh=True
+                ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask, fresh=True, prefix=prefix
             )
-        logits, cache = model.decode(ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask)
+        logits, cache = model.decode(
+            ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask, prefix=prefix
+        )
         return self._constrain(logits[:, -1]), self._constrain_cache(cache)
 
     def _decode_fn(
@@ -246,17 +297,23 @@ class Sampler:
         rng,
         knobs,
         eos,
+        prefix,
+        offset,
         *,
         mode,
     ):
         """Sample token 0 from the prefill logits, then feed/sample until every row is done.
 
+        ``prefix``/``offset``: the shared prefix and each row's count of its tokens (None: plain rows).
         Returns (tokens [B, N], logprobs [B, N], n_generated [B], finish code [B]) and the final cache.
         """
         self.num_compilations += 1
         greedy, top_k, use_top_p, new_tokens = mode
         batch, plen = prompt_mask.shape
         prompt_len = prompt_mask.sum(axis=1).astype(jnp.int32)
+        if offset is not None:
+            prompt_len = prompt_len + offset
+        prefix = self._constrain_prefix(prefix)
         use_stops = stop_bytes is not None
         temperature, top_p = knobs[0], knobs[1]
 
@@ -311,7 +368,9 @@ class Sampler:
                 ],
                 axis=1,
             )
-            lg, cache = model.decode(last[:, None], positions, cache, slot, self._constrain(kv_mask))
+            lg, cache = model.decode(
+                last[:, None], positions, cache, slot, self._constrain(kv_mask), prefix=prefix
+            )
             tok, logp = choose(lg[:, 0], step)
             state, tok = record(state, tok, logp, step)
             return step + 1, tok, self._constrain_cache(cache), state
@@ -332,19 +391,20 @@ class Sampler:
         rng: jax.Array,
     ) -> list[SampleResult]:
         """Generate for every request (in order). More requests than the largest batch bucket are
-        served in consecutive chunks, each with its own key folded from `rng`."""
+        served in chunks, each with its own key folded from `rng`: consecutive runs of requests, or
+        with groups whole sharing groups packed in order (`prefix.chunk_by_group`)."""
         if not requests:
             return []
         for r in requests:
             self._validate(r)
         params = self._place_params(params)
         chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
-        results: list[SampleResult] = []
-        for c, start in enumerate(range(0, len(requests), chunk)):
-            key = rng if start == 0 else jax.random.fold_in(rng, c)
-            results.extend(
-                self._generate_chunk(params, requests[start : start + chunk], params_sampling, key)
-            )
+        results: list[SampleResult | None] = [None] * len(requests)
+        for c, idx in enumerate(chunk_by_group([_sharing_key(r) for r in requests], chunk)):
+            key = rng if c == 0 else jax.random.fold_in(rng, c)
+            out = self._generate_chunk(params, [requests[i] for i in idx], params_sampling, key)
+            for i, res in zip(idx, out, strict=True):
+                results[i] = res
         return results
 
     def _validate(self, r: SampleRequest) -> None:
@@ -360,6 +420,10 @@ class Sampler:
             )
         if isinstance(r.stop, str) or any(not isinstance(s, str) or not s for s in r.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {r.stop!r}")
+        try:
+            hash(r.group)
+        except TypeError:
+            raise ValueError(f"group must be hashable (e.g. the task group's id), got {r.group!r}") from None
 
     def _generate_chunk(self, params, requests, sp: SamplingParams, rng) -> list[SampleResult]:
         n = len(requests)
@@ -372,21 +436,37 @@ class Sampler:
         new_tokens = _bucket(
             max(r.max_new_tokens for r in requests), self.new_token_buckets, "max_new_tokens", "raise the cap"
         )
+        layout = None
+        if any(r.group is not None for r in requests):
+            layout = plan_layout(
+                [r.prompt_ids for r in requests],
+                [_sharing_key(r) for r in requests],
+                new_tokens=new_tokens,
+                prompt_buckets=self.prompt_buckets,
+                batch_buckets=self.batch_buckets,
+                row_multiple=self.row_multiple,
+            )
+        self.last_layout = layout
+        if layout is None:
+            slots = np.concatenate([np.arange(n), np.full(batch - n, -1)])
+            skip = np.zeros(batch, np.int64)  # prompt tokens a row leaves to a shared prefix
+        else:
+            slots, skip, plen = layout.slots, layout.row_prefix_len(), layout.suffix_bucket
+        rows = len(slots)
 
-        ids = np.full((batch, plen), self.pad_id, np.int32)
-        mask = np.zeros((batch, plen), np.int32)
-        max_new = np.zeros((batch,), np.int32)
-        ids[n:, -1], mask[n:, -1] = self.pad_id, 1  # idle rows: one real token, stopped from the start
-        for b, r in enumerate(requests):
-            ids[b, plen - len(r.prompt_ids) :] = r.prompt_ids
-            mask[b, plen - len(r.prompt_ids) :] = 1
-            max_new[b] = r.max_new_tokens
+        ids = np.full((rows, plen), self.pad_id, np.int32)
+        mask = np.zeros((rows, plen), np.int32)
+        max_new = np.zeros((rows,), np.int32)
+        for b, s in enumerate(slots):
+            own = requests[s].prompt_ids[skip[b] :] if s >= 0 else [self.pad_id]  # idle: one real token
+            ids[b, plen - len(own) :], mask[b, plen - len(own) :] = own, 1
+            max_new[b] = requests[s].max_new_tokens if s >= 0 else 0
 
         n_stop = max(len(r.stop) for r in requests)
         if n_stop:
             widest = max(len(s.encode("utf-8")) for r in requests for s in r.stop)
             stop_bytes, stop_len = stops_lib.encode_stops(
-                [r.stop for r in requests] + [()] * (batch - n),
+                [requests[s].stop if s >= 0 else () for s in slots],
                 _pow2_at_least(n_stop),
                 _pow2_at_least(widest, 8),
             )
@@ -404,16 +484,39 @@ class Sampler:
         knobs = self._put_replicated(np.array([max(sp.temperature, 1e-6), sp.top_p], np.float32))
         eos = self._put_replicated(np.array(self.eos_ids or [-1], np.int32))
         prompt_mask = self._put_rows(mask)
-        logits, cache = self._prefill(params, self._put_rows(ids), prompt_mask, cache_len=plen + new_tokens)
+        cache_len = plen + new_tokens
+        if layout is None:
+            prefix = offset = None
+            logits, cache = self._prefill(params, self._put_rows(ids), prompt_mask, cache_len=cache_len)
+        else:
+            prefix_ids, prefix_mask = self._prefix_arrays(requests, layout)
+            offset = self._put_rows(skip.astype(np.int32))
+            logits, cache, prefix = self._prefill_shared(
+                params, prefix_ids, prefix_mask, self._put_rows(ids), prompt_mask, offset, cache_len=cache_len
+            )
         out = self._decode(
             params, cache, logits, prompt_mask, self._put_rows(max_new), stop_bytes, stop_len, table,
-            self._put_replicated(rng), knobs, eos, mode=mode,
+            self._put_replicated(rng), knobs, eos, prefix, offset, mode=mode,
         )  # fmt: skip
         tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process
-        return [
-            self._result(r, tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b]))
-            for b, r in enumerate(requests)
-        ]
+        results: list[SampleResult | None] = [None] * n
+        for b, s in enumerate(slots):
+            if s >= 0:
+                results[s] = self._result(
+                    requests[s], tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b])
+                )
+        return results
+
+    def _prefix_arrays(self, requests, layout: PrefixLayout) -> tuple[jax.Array, jax.Array]:
+        """Each grid group's shared prefix, left-padded to the prefix bucket (empty groups all pad)."""
+        ids = np.full((layout.groups, layout.prefix_bucket), self.pad_id, np.int32)
+        mask = np.zeros((layout.groups, layout.prefix_bucket), np.int32)
+        first = layout.slots.reshape(layout.groups, layout.rows_per_group)[:, 0]
+        for g, (s, share) in enumerate(zip(first, layout.prefix_len, strict=True)):
+            if share:
+                ids[g, layout.prefix_bucket - share :] = requests[s].prompt_ids[:share]
+                mask[g, layout.prefix_bucket - share :] = 1
+        return self._put_rows(ids), self._put_rows(mask)
 
     def _result(self, r: SampleRequest, ids: np.ndarray, logps: np.ndarray, code: int) -> SampleResult:
         ids_list = [int(t) for t in ids]
