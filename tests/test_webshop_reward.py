@@ -23,9 +23,7 @@ CORD_LONG = (
     "Home Theater System Subwoofer"
 )
 CORD_SHORT = "Saireed UL Listed 2 Prong Power Cord for JBL Bar 3.1 Bar 2.1 Channel 4K Ultra HD Soundbar"
-BRST = (
-    "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System"
-)
+BRST = "BRST AC Power Cord Outlet Socket Cable Plug Lead for Panasonic SC-HT830V DVD/VCR Combo Home Theater System"
 KNOB = "Rusticware 921ORB Kitchen and Bath Cabinet Knob"
 TWEEZERS = (
     "Minkissy 2pcs Stainless Steel Eyebrow Tweezers Blackhead Acne Remover Portable Makeup Tweezers (Silver)"

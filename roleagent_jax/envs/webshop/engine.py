@@ -127,7 +127,12 @@ class ShopSession:
             else:
                 parts += [str(r.get("body", "")) for r in p.get("Reviews", [])]
         else:
-            parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{s.score}"]
+            parts = [
+                "Thank you for shopping with us!",
+                "Your score (min 0.0, max 1.0)",
+                f"{round(s.score, 3)}",
+            ]
+            parts += done_details(s.score_parts, self.goal)
         return SEP.join(x.strip() for x in parts if x and x.strip())
 
     def clickables(self) -> dict[str, tuple[str, str]]:
@@ -246,6 +251,18 @@ class ShopSession:
             "env_failed": False,
             "step": self.steps,
         }
+
+
+def done_details(parts: dict, goal: dict) -> list[str]:
+    """The done page's reward details (WebShop's done page prints its reward breakdown too)."""
+    n_opt = len(goal["goal_options"])
+    return [
+        "Reward Details",
+        f"product type: {parts['r_type']}",
+        f"attributes matched: {parts['attributes_matched']}/{len(goal['attributes'])}",
+        f"options matched: {parts['options_matched']}/{n_opt}",
+        f"price within limit: {'yes' if parts['price_ok'] else 'no'}",
+    ]
 
 
 def expert_action(session: ShopSession) -> str:

@@ -180,7 +180,23 @@ FAMILIES: tuple[Family, ...] = (
 FAMILY = {f.key: f for f in FAMILIES}
 CATEGORIES = ("fashion", "beauty", "electronics", "food", "furniture")
 
-_SYLLABLES = ("zor", "lu", "ma", "vik", "ten", "ro", "sa", "ka", "nel", "dri", "bo", "qui", "fa", "ren", "tos")
+_SYLLABLES = (
+    "zor",
+    "lu",
+    "ma",
+    "vik",
+    "ten",
+    "ro",
+    "sa",
+    "ka",
+    "nel",
+    "dri",
+    "bo",
+    "qui",
+    "fa",
+    "ren",
+    "tos",
+)
 _PHRASE = {"color": "{} color", "size": "size {}", "flavor name": "{} flavor", "scent": "{} scent"}
 _STARTS = ("i need", "i'm looking for", "i want", "find me", "i am looking for", "get me")
 
