@@ -131,3 +131,10 @@ def test_expert_wins_and_random_loses(shop):
     goals = list(range(200))
     assert _play(shop, goals, lambda s, info, rng: expert_action(s)) >= 0.95
     assert _play(shop, goals, lambda s, info, rng: rng.choice(info["admissible_commands"])) < 0.05
+
+
+def test_search_keywords_are_the_goals_content_words():
+    from roleagent_jax.envs.webshop.engine import search_keywords
+
+    text = "i'm looking for a non slip running shoes with rubber sole, in black color and size 9, and price lower than 60.00 dollars"
+    assert search_keywords(text) == "non slip running shoes rubber sole black 9"

@@ -44,9 +44,26 @@ def split_action(action: str) -> tuple[str, str] | None:
     return m.group(1).lower(), " ".join(m.group(2).split())
 
 
+_FILLER = frozenset(
+    "i im i'm am need want looking look find me get a an the for with and in of that is it to color colour "
+    "size flavor scent some please would like buy".split()
+)
+_WORD = re.compile(r"[a-z0-9]+(?:['.-][a-z0-9]+)*")
+
+
 def goal_words(instruction: str) -> str:
-    """The instruction without its price clause: what the expert types into the search bar."""
+    """The instruction without its price clause."""
     return _PRICE_CLAUSE.sub("", instruction).strip()
+
+
+def content_words(text: str) -> list[str]:
+    """The words of `text` that describe a product (lower case, in order; filler such as "i need" dropped)."""
+    return [w for w in _WORD.findall(text.lower()) if w not in _FILLER]
+
+
+def search_keywords(instruction: str) -> str:
+    """What the expert types into the search bar: the instruction's content words, without the price."""
+    return " ".join(content_words(goal_words(instruction)))
 
 
 @dataclass
@@ -272,7 +289,7 @@ def expert_action(session: ShopSession) -> str:
     s, goal, shop = session.state, session.goal, session.shop
     target = goal["asin"]
     if s.page == "search":
-        return f"search[{goal_words(goal['instruction_text'])}]"
+        return f"search[{search_keywords(goal['instruction_text'])}]"
     if s.page == "sub":
         return f"click[{PREV_PAGE}]"
     if s.page == "results":

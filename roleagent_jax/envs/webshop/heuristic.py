@@ -19,27 +19,19 @@ from roleagent_jax.envs.webshop.engine import (
     NEXT_PAGE,
     PREV_PAGE,
     SUB_PAGES,
+    content_words,
     goal_words,
     split_action,
 )
 from roleagent_jax.envs.webshop.taxonomy import lesson_and_query
 from roleagent_jax.types import Trajectory
 
-_FILLER = frozenset(
-    "i im i'm am need want looking look find me get a an the for with and in of that is it to color colour "
-    "size flavor scent some please would like buy".split()
-)
-_WORD = re.compile(r"[a-z0-9]+(?:['.-][a-z0-9]+)*")
 _DETAIL = re.compile(
     r"product type: ([\d.]+).*?attributes matched: (\d+)/(\d+).*?options matched: (\d+)/(\d+).*?"
     r"price within limit: (yes|no)",
     re.DOTALL,
 )
 SEARCH_OVERLAP = 0.5  # a search sharing less than this share of the goal's words missed the product
-
-
-def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _FILLER}
 
 
 @dataclass
@@ -70,7 +62,7 @@ def _page(obs: str) -> str:
 
 
 def _facts(traj: Trajectory, max_steps: int) -> _Facts:
-    f = _Facts(content_words(goal_words(traj.goal)), len(traj.steps), max_steps)
+    f = _Facts(set(content_words(goal_words(traj.goal))), len(traj.steps), max_steps)
     for i, s in enumerate(traj.steps, 1):
         if not s.valid:
             f.invalid.append(i)
@@ -127,7 +119,7 @@ def _no_search(f: _Facts) -> _Hit | None:
 
 
 def _overlap(f: _Facts, keywords: str) -> float:
-    return len(content_words(keywords) & f.goal_words) / max(len(f.goal_words), 1)
+    return len(set(content_words(keywords)) & f.goal_words) / max(len(f.goal_words), 1)
 
 
 def _wrong_search_terms(f: _Facts) -> _Hit | None:
