@@ -1,4 +1,4 @@
-"""A deterministic failure analyser that reads the trajectory itself.
+"""ALFWorld's deterministic failure analyser for AIW: it reads the trajectory itself.
 
 Used when the policy is too small to analyse its own failures (the embedded default) and as the
 labeller for failure-mode reports. Each rule looks for one pattern in the action/observation
@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roleagent_jax.aiw.patterns import APPLIANCE_OF_TRANSFORM, GoalSpec, parse_goal, pattern_name
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+from roleagent_jax.envs.alfworld.goals import APPLIANCE_OF_TRANSFORM, GoalSpec, parse_goal, pattern_name
 from roleagent_jax.types import Trajectory
 
 _GO = re.compile(r"^go to (.+)$")
