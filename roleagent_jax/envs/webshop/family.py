@@ -102,7 +102,7 @@ class WebShop(Family):
             return self._pool(shop.catalogue, str(folder), seed, ids, plans)
         if split in REAL_SPLITS:
             shop = load_shop(str(data_dir_of(data_dir)), seed)
-            ids = shop.catalogue.split(split)[: n or None]
+            ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
             return self._pool(shop.catalogue, shop.catalogue.source, seed, ids, {})
         raise ValueError(f"unknown WebShop split {split!r}; known: {', '.join(REAL_SPLITS + GEN_SPLITS)}")
 
