@@ -178,3 +178,17 @@ def test_heuristic_leaves_wins_alone():
 
 def test_family_analyse_failure(fam):
     assert fam.analyse_failure(_buy(_done(price="no")), 15).failure_type == "over_budget"
+
+
+def test_evaluate_cli_prints_success_and_score(tmp_path, capsys):
+    from roleagent_jax import evaluate
+
+    common = ["--env=webshop", "--split=gen_test", "--gen-n=10", f"--gen-dir={tmp_path}", "--max-steps=15"]
+    common += ["--n-products=100", "--num-workers=1"]
+    expert = evaluate.main([*common, "--policy=expert"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "mean score 1.000" in out[-2] and out[-1].startswith("{")
+    assert expert["n"] == 10 and expert["success"] == 1.0 and expert["score"] == 1.0
+    assert set(expert["score_per_type"]) == set(expert["per_type"])
+    rand = evaluate.main([*common, "--policy=random", "--quiet"])
+    assert rand["success"] < 0.05 and rand["score"] < 0.5
