@@ -176,3 +176,18 @@ def test_generated_shop_is_in_the_same_format(tmp_path):
     other = generate(tmp_path / "i", seed=6, n_products=50)
     assert (tmp_path / "i" / PRODUCTS_FILE).read_text() != (tmp_path / "g" / PRODUCTS_FILE).read_text()
     assert other.folder.is_dir()
+
+
+def test_real_split_of_the_tiny_shop_through_the_family(tmp_path):
+    from roleagent_jax.envs.base import get_family
+
+    fam = get_family("webshop")
+    pool = fam.task_pool("test", data_dir=write_tiny_shop(tmp_path))
+    assert len(pool) == 2 and not pool.expert_plans and set(pool.task_types) == {"fashion"}
+    assert len(fam.task_pool("train", data_dir=tmp_path)) == 0  # fewer than 500 goals: all are test
+    env = fam.make_env(15)
+    for task in pool.tasks:
+        obs = env.reset(task, expert=True)
+        while not obs.done:
+            obs = env.step(obs.expert_plan[0])
+        assert obs.won and obs.score == 1.0, task.goal
