@@ -1,12 +1,17 @@
 """Environment throughput: the worker pool against a single process, measured side by side.
 
     python benchmarks/envs.py [--envs 16] [--steps 20] [--workers 1,2,4]
+    python benchmarks/envs.py --env webshop [--envs 16] [--steps 20] [--workers 1,2,4]
 
 Plays the same random admissible actions (fixed seed) on the same generated games in one process and
 through EnvPool with each worker count, and times cold resets, cached resets and steps of one env.
 Also side by side: one env with textworld's own rule-string parsers against the memoized ones, a game's
 logic parsed whole (textworld) against the shared parse with the game's own task rule, and procedural
 generation in one process against worker processes.
+With --env webshop: the generated shop instead, its steps/s in one process and through EnvPool, and
+the latency of one product search (BM25 over the 1000-product shop). The shopper searches the goal's
+words on the search page (a random policy would only ever search the placeholder) and clicks at random
+elsewhere.
 The last line is one JSON object {"bench": "envs", ...}.
 """
 
@@ -125,14 +130,97 @@ def time_generation(n: int, workers: int) -> tuple[float, float]:
     return seconds[0], seconds[1]
 
 
+def webshop_action(obs, task, seed: int, slot: int, step: int) -> str:
+    """The goal's words on the search page, a random clickable elsewhere."""
+    from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, search_keywords
+
+    if obs.admissible == [SEARCH_PLACEHOLDER]:
+        return f"search[{search_keywords(task.goal)}]"
+    return choose(obs.admissible, seed, slot, step)
+
+
+def webshop_rows(args) -> dict:
+    """Steps/s of the generated shop in one process and through the pool; reset and search latency."""
+    family = get_family("webshop")
+    ms = lambda xs: 1000 * sorted(xs)[len(xs) // 2]  # noqa: E731 (median)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        pool = family.task_pool("gen_test", gen_dir=tmp, n=64, seed=0)
+        build_s = time.perf_counter() - start
+        tasks = [pool[i % len(pool)] for i in range(args.envs)]
+        envs = [family.make_env(10_000) for _ in range(args.envs)]
+        obs = [env.reset(t) for env, t in zip(envs, tasks)]
+        resets, start = [], time.perf_counter()
+        for t in range(args.steps):
+            for i, env in enumerate(envs):
+                obs[i] = env.step(webshop_action(obs[i], tasks[i], args.seed, i, t))
+                if obs[i].done:
+                    r0 = time.perf_counter()
+                    obs[i] = env.reset(tasks[i])
+                    resets.append(time.perf_counter() - r0)
+        single = args.envs * args.steps / (time.perf_counter() - start - sum(resets))
+        print(f"webshop, single process: {single:.1f} steps/s", flush=True)
+        index = envs[0].session.shop.index
+        queries = [search_query(t.goal) for t in pool.tasks]
+        lat = []
+        for q in queries:
+            s0 = time.perf_counter()
+            index.search(q)
+            lat.append(time.perf_counter() - s0)
+        print(f"webshop search: {ms(lat):.2f} ms median over {len(lat)} queries", flush=True)
+        pooled = {}
+        for w in (int(x) for x in args.workers.split(",")):
+            ids = [i % len(pool) for i in range(args.envs)]
+            with EnvPool(family, pool, num_workers=w, step_timeout=120, max_steps=10_000) as penvs:
+                o = penvs.reset(ids)
+                start = time.perf_counter()
+                for t in range(args.steps):
+                    moves = {i: webshop_action(o[i], pool[ids[i]], args.seed, i, t) for i in range(args.envs)}
+                    out = penvs.step(moves)
+                    o = [out[i] for i in range(args.envs)]
+                    finished = [i for i in range(args.envs) if o[i].done]
+                    if finished:
+                        for i, again in zip(finished, penvs.reset([ids[i] for i in finished])):
+                            o[i] = again
+                pooled[w] = args.envs * args.steps / (time.perf_counter() - start)
+            print(
+                f"webshop, pool of {w} workers: {pooled[w]:.1f} steps/s ({pooled[w] / single:.2f}x)",
+                flush=True,
+            )
+    return {
+        "bench": "envs",
+        "env": "webshop",
+        "envs": args.envs,
+        "steps_per_env": args.steps,
+        "single_steps_per_s": round(single, 2),
+        "pool_steps_per_s": {str(w): round(v, 2) for w, v in pooled.items()},
+        "speedup_vs_single": {str(w): round(v / single, 3) for w, v in pooled.items()},
+        "search_ms": round(ms(lat), 3),
+        "reset_ms": round(ms(resets), 3) if resets else None,
+        "shop_build_s": round(build_s, 2),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def search_query(goal: str) -> str:
+    from roleagent_jax.envs.webshop.engine import search_keywords
+
+    return search_keywords(goal)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="alfworld", choices=("alfworld", "webshop"))
     p.add_argument("--envs", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gen-games", type=int, default=48, help="games generated on each side of the comparison")
     args = p.parse_args()
+    if args.env == "webshop":
+        print(json.dumps(webshop_rows(args)))
+        return
     gen_workers = max(2, min(os.cpu_count() or 1, 8))
     if args.gen_games < 4 * gen_workers:  # generate() runs fewer games than that in one process
         p.error(f"--gen-games must be at least {4 * gen_workers} to use {gen_workers} processes")

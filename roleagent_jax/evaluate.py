@@ -93,6 +93,10 @@ def run_episodes(
     ).trajectories
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def summarize(split: str, trajs: Sequence[Trajectory], task_types: Sequence[str]) -> dict:
     """Success overall and per task type (in the family's order), plus a few diagnostics."""
     per_type = success_summary(trajs, task_types)
@@ -100,11 +104,15 @@ def summarize(split: str, trajs: Sequence[Trajectory], task_types: Sequence[str]
     n = len(trajs)
     steps = sum(len(t.steps) for t in trajs)
     invalid = sum(not s.valid for t in trajs for s in t.steps)
+    scored = [t for t in trajs if t.score is not None]
+    score = {k: _mean([t.score for t in scored if t.task_type == k]) for k in per_type}
     return {
         "split": split,
         "n": n,
         "success": sum(t.won for t in trajs) / max(n, 1),
+        "score": _mean([t.score for t in scored]),  # the family's graded outcome (None: it has none)
         "per_type": per_type,
+        "score_per_type": score if scored else {},
         "count_per_type": {k: sum(t.task_type == k for t in trajs) for k in per_type},
         "env_failed": sum(t.env_failed for t in trajs),
         "invalid_rate": invalid / max(steps, 1),
@@ -245,9 +253,12 @@ def main(argv: list[str] | None = None) -> dict:
         log=log,
     )
     if not args.quiet:
+        scores = summary["score_per_type"]
         for t, v in summary["per_type"].items():
-            print(f"{t:34s} {v:6.1%}  ({summary['count_per_type'][t]} tasks)")
-        print(f"{'all':34s} {summary['success']:6.1%}  ({summary['n']} tasks)")
+            mean = f"  mean score {scores[t]:.3f}" if scores.get(t) is not None else ""
+            print(f"{t:34s} {v:6.1%}{mean}  ({summary['count_per_type'][t]} tasks)")
+        mean = f"  mean score {summary['score']:.3f}" if summary["score"] is not None else ""
+        print(f"{'all':34s} {summary['success']:6.1%}{mean}  ({summary['n']} tasks)")
     print(json.dumps(summary), flush=True)
     return summary
 

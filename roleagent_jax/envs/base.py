@@ -363,7 +363,10 @@ class Family:
 # ------------------------------------------------------------------------------------------ registry
 
 # Built-in families are imported on first lookup, so importing `roleagent_jax.envs` loads no engine.
-_BUILTIN: dict[str, str] = {"alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld"}
+_BUILTIN: dict[str, str] = {
+    "alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld",
+    "webshop": "roleagent_jax.envs.webshop.family:WebShop",
+}
 _REGISTRY: dict[str, Family] = {}
 
 

@@ -1,0 +1,33 @@
+"""The paper's WebShop run: Qwen2.5-1.5B-Instruct, 16 goals x 8 rollouts, 15 steps, mean_norm, WIA horizon 1.
+
+python -m roleagent_jax.main --config=configs/webshop.py --config.model.path=/path/Qwen2.5-1.5B-Instruct
+
+WebShop's files (items_shuffle_1000.json, items_ins_v2_1000.json, items_human_ins.json) come from its
+setup.sh; point $WEBSHOP_DATA (or --config.env.data_dir) at them. Goals 0-499 are the test split.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
+from configs import alfworld  # noqa: E402
+
+
+def get_config():
+    c = alfworld.get_config()  # the same model, optimiser, loss and sampling settings
+    c.workdir = "runs/webshop"
+    c.env.name = "webshop"
+    c.env.data_dir = os.environ.get("WEBSHOP_DATA", "")
+    c.env.train_split = "train"
+    c.env.eval_splits = ("test",)
+    c.env.max_steps = 15
+    c.env.history_k = 2
+    del c.env["alfworld"]
+    c.env.webshop = {"n_products": 1000}  # WebShop's own option, for generated shops (gen_* splits)
+    c.rollout.tasks_per_iter = 16
+    c.rollout.group_size = 8
+    c.rollout.max_prompt_tokens = 4096  # results pages are long (verl-agent's WebShop runs use 4096)
+    c.advantage.mode = "mean_norm"
+    c.wia.horizon = 1
+    return c

@@ -1,0 +1,39 @@
+"""WebShop's embedded default: a tiny Qwen2 learns to shop in a generated store on a laptop CPU.
+
+    python -m roleagent_jax.main --config=configs/webshop_demo.py
+
+A byte-level BPE is trained on shop text, a 3-layer Qwen2 is warm-started on the expert's purchases
+(search the instruction's words, open the product, click its options, buy; agent and predictor roles),
+then Role-Agent RL (GiGPO + WIA + AIW with WebShop's heuristic analyser) improves it. Evaluation runs
+before and after RL on held-out goals of a shop of its own: seen product families (gen_test) and
+families never trained on (gen_unseen).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
+from configs import demo  # noqa: E402
+
+
+def get_config():
+    c = demo.get_config()  # the ALFWorld demo's model, optimiser, advantage and AIW settings
+    c.workdir = "runs/webshop_demo"
+    c.iterations = 6
+
+    c.env.name = "webshop"
+    del c.env["alfworld"]
+    c.env.webshop = {"n_products": 300}  # 120 goals per seen split, 60 unseen
+    c.env.train_split = "gen_train"
+    c.env.eval_splits = ("gen_test", "gen_unseen")
+    c.env.max_steps = 15
+    c.env.history_k = 1
+    c.env.gen.n_train = 120
+    c.env.gen.n_eval = 48  # per split; one goal = 2.1 points
+
+    c.rollout.max_prompt_tokens = 768
+    c.rollout.max_response_tokens = 40
+    c.wia.max_tokens = 64
+
+    c.warmstart.n_games = 120
+    return c

@@ -1,0 +1,159 @@
+"""WebShop as a scenario family of the environment contract, registered as "webshop".
+
+Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA): "test" is the first 500 goals,
+"train" the rest, as the reference runs split them. Generated (no download): "gen_test" and
+"gen_train" are disjoint goals on the seen product families of one generated shop (the first and the
+second half of them), "gen_unseen" the goals on families that are never trained on; `n` takes the
+first n goals of the split, `seed` picks the shop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from roleagent_jax.envs.base import Family, Task, TaskPool
+from roleagent_jax.envs.webshop import generate as gen
+from roleagent_jax.envs.webshop import heuristic, prompts
+from roleagent_jax.envs.webshop.catalog import Catalogue, data_dir_of
+from roleagent_jax.envs.webshop.engine import MAX_STEPS, ShopSession, expert_action
+from roleagent_jax.envs.webshop.env import GoalRef, WebShopEnv, load_shop
+from roleagent_jax.envs.webshop.taxonomy import FAILURE_KEYWORDS, FAILURE_TYPES
+
+REAL_SPLITS = ("test", "train")
+GEN_SPLITS = ("gen_test", "gen_train", "gen_unseen")
+_PRICE = re.compile(r"price lower than [\d.]+ dollars")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def default_gen_dir() -> Path:
+    """Where generated shops go ($ROLEAGENT_GEN_DIR/webshop or ~/.cache/roleagent_jax/games/webshop)."""
+    env = os.environ.get("ROLEAGENT_GEN_DIR")
+    return (Path(env) if env else Path.home() / ".cache" / "roleagent_jax" / "games") / "webshop"
+
+
+def _goal_ids(catalogue: Catalogue, family_of: Mapping[str, str], split: str) -> list[int]:
+    unseen = {f.key for f in gen.FAMILIES if f.unseen}
+    seen_ids = [i for i, g in enumerate(catalogue.goals) if family_of[g["asin"]] not in unseen]
+    if split == "gen_unseen":
+        return [i for i, g in enumerate(catalogue.goals) if family_of[g["asin"]] in unseen]
+    half = len(seen_ids) // 2
+    return seen_ids[:half] if split == "gen_test" else seen_ids[half:]
+
+
+def _expert_plan(session: ShopSession, index: int) -> tuple[str, ...] | None:
+    """The expert's actions on goal `index`, when they win."""
+    session.reset(index)
+    plan = []
+    while not session.done:
+        action = expert_action(session)
+        plan.append(action)
+        session.step(action)
+    return tuple(plan) if session.state.score == 1.0 else None
+
+
+class WebShop(Family):
+    name = "webshop"
+    task_types = gen.CATEGORIES
+    action_stop = prompts.ACTION_STOP
+    empty_action = "click[back to search]"
+    has_expert = True
+    generated_splits = GEN_SPLITS
+    gen_options = {"n_products": 1000}
+    predictor_framing = prompts.PREDICTOR_FRAMING
+    analysis_intro = (
+        "You review a failed attempt at buying a product in a web shop and explain why it failed."
+    )
+    failure_types = FAILURE_TYPES
+    failure_keywords = FAILURE_KEYWORDS
+    pattern_keywords = {f: (f,) for f in gen.CATEGORIES}
+
+    def make_env(self, max_steps: int) -> WebShopEnv:
+        return WebShopEnv(max_steps)
+
+    def task_pool(
+        self,
+        split: str,
+        *,
+        data_dir: str | Path | None = None,
+        gen_dir: str | Path | None = None,
+        n: int = 0,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> TaskPool:
+        if split in GEN_SPLITS:
+            opts = self.resolve_options(options)
+            n_products = int(opts["n_products"])
+            folder = Path(gen_dir or default_gen_dir()) / f"shop_seed{seed}_p{n_products}"
+            made = gen.generate(folder, seed, n_products)
+            shop = load_shop(str(folder), seed)
+            ids = _goal_ids(shop.catalogue, made.family_of, split)
+            if n > len(ids):
+                raise ValueError(
+                    f"split {split!r} of a {n_products}-product shop has {len(ids)} goals, {n} asked for; "
+                    "raise env option n_products"
+                )
+            ids = ids[: n or None]
+            session = ShopSession(shop, MAX_STEPS)
+            plans = {i: _expert_plan(session, i) for i in ids}
+            return self._pool(shop.catalogue, str(folder), seed, ids, plans)
+        if split in REAL_SPLITS:
+            shop = load_shop(str(data_dir_of(data_dir)), seed)
+            ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
+            return self._pool(shop.catalogue, shop.catalogue.source, seed, ids, {})
+        raise ValueError(f"unknown WebShop split {split!r}; known: {', '.join(REAL_SPLITS + GEN_SPLITS)}")
+
+    @staticmethod
+    def _pool(catalogue: Catalogue, folder: str, seed: int, ids: list[int], plans: dict) -> TaskPool:
+        tasks = [
+            Task(
+                id=f"{i}:{catalogue.goals[i]['asin']}",
+                type=catalogue.goals[i]["category"],
+                goal=catalogue.goals[i]["instruction_text"],
+                payload=GoalRef(folder, seed, i),
+                expert_plan=plans.get(i),
+            )
+            for i in ids
+        ]
+        return TaskPool(tasks, folder)
+
+    def agent_prompt(
+        self,
+        goal: str,
+        history: Sequence[tuple[str, str]],
+        observation: str,
+        admissible: Sequence[str] | None,
+        step: int,
+        history_k: int,
+    ) -> str:
+        return prompts.build_agent_prompt(goal, history, observation, admissible, step, history_k)
+
+    def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
+        return prompts.parse_action(response, admissible)
+
+    def predictor_prompt(self, goal, history, observation, action, horizon) -> str:
+        from roleagent_jax import wia
+
+        return wia.build_predictor_prompt(
+            goal, history, observation, action, horizon, framing=self.predictor_framing, obs_chars=600
+        )
+
+    def analyse_failure(self, traj, max_steps: int):
+        return heuristic.analyse(traj, max_steps)
+
+    def abstract_goal(self, goal: str, task_type: str) -> str:
+        """The instruction with its price limit and numbers replaced ("... price lower than N dollars")."""
+        text = _PRICE.sub("price lower than N dollars", " ".join(goal.lower().split()))
+        return _NUMBER.sub("N", text)
+
+    def pattern_name(self, task_type: str) -> str:
+        return heuristic.pattern_name(task_type)
+
+    def pattern_text(self, task_type: str) -> str:
+        return (
+            f"{self.pattern_name(task_type)}: search the {task_type} product, open it, choose the options "
+            "asked for, buy within the price limit"
+        )

@@ -1,0 +1,113 @@
+"""The agent prompt for WebShop, the parser of the agent's answer, and the WIA predictor framing.
+
+The prompt follows the reference structure (the task, the last K pages and actions, the current page,
+the available actions; think in <think>, act in <action>) in few words: the demo's tiny model has a
+context of only about a thousand tokens, and a results page alone is a few hundred.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from roleagent_jax.envs.base import PredictorFraming
+from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
+
+ACTION_STOP = "</action>"
+MAX_ACTION_CHARS = 200
+HISTORY_OBS_CHARS = 160  # an earlier page is shown cut to this many characters
+_ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
+_ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
+_TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
+
+PREDICTOR_FRAMING = PredictorFraming(
+    intro="Act as the shop website. Predict the page it shows next.",
+    reply="the page the website shows after this action",
+    replies="pages the website shows",
+)
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def build_agent_prompt(
+    goal: str,
+    history: Sequence[tuple[str, str]],
+    observation: str,
+    admissible: Sequence[str] | None,
+    step: int,
+    k: int = 2,
+) -> str:
+    """The agent's prompt at `step` (0-based); `history` holds earlier (page, action) pairs, oldest first,
+    of which the last `k` are shown (their pages cut short)."""
+    lines = [
+        "You are shopping on a website. Buy the product the instruction asks for.",
+        f"Instruction: {goal}",
+    ]
+    recent = list(history)[-k:] if k > 0 else []
+    if recent:
+        lines.append(f"Step {step + 1}. Your last {len(recent)} steps:")
+        first = step - len(recent) + 1
+        for j, (obs, act) in enumerate(recent):
+            lines.append(f"[{first + j}] Saw: {_clip(obs, HISTORY_OBS_CHARS)}")
+            lines.append(f"[{first + j}] Did: {act}")
+    else:
+        lines.append(f"Step {step + 1}. No actions yet.")
+    lines.append(f"Page: {' '.join(observation.split())}")
+    if admissible is not None:
+        lines.append("Actions: " + " | ".join(admissible))
+    lines.append(
+        "Reason briefly in <think>...</think>, then give one action in <action>...</action>"
+        " (to search, write search[your keywords])."
+    )
+    return "\n".join(lines)
+
+
+def _normalize(action: str) -> str:
+    return " ".join(action.split()).lower()
+
+
+def parse_action(response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
+    """(action, valid) from a model response; never raises.
+
+    The response must hold exactly one <action>...</action> block (a final unclosed one counts: the
+    sampler may cut the stop string) with ``search[keywords]`` or ``click[element]`` inside. Valid
+    means: a click on one of `admissible` (case and spaces ignored; the list's spelling is returned),
+    or a search with real keywords where the list offers the search bar. With `admissible` None only
+    the format is checked. A well-formed but unavailable action comes back with valid=False.
+    """
+    try:
+        if not isinstance(response, str):
+            return None, False
+        opens = list(_ACTION_OPEN.finditer(response))
+        closes = list(_ACTION_CLOSE.finditer(response))
+        if len(opens) != 1 or len(closes) > 1:
+            return None, False
+        start = opens[0].end()
+        if closes and closes[0].start() < start:
+            return None, False
+        content = response[start : closes[0].start()] if closes else response[start:]
+        if _TAG.search(content):
+            return None, False
+        text = " ".join(content.split())
+        if not text or len(text) > MAX_ACTION_CHARS or not text.isascii() or not text.isprintable():
+            return None, False
+        parsed = split_action(text)
+        if parsed is None:
+            return None, False
+        kind, arg = parsed
+        action = f"{kind}[{arg}]"
+        if admissible is None:
+            return action, True
+        if kind == "search":
+            ok = SEARCH_PLACEHOLDER in admissible and _normalize(action) != _normalize(SEARCH_PLACEHOLDER)
+            return action, ok
+        wanted = _normalize(action)
+        for cmd in admissible:
+            if _normalize(cmd) == wanted:
+                return cmd, True
+        return action, False
+    except Exception:  # the parser must never take a rollout down
+        return None, False
