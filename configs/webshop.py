@@ -7,11 +7,8 @@ setup.sh; point $WEBSHOP_DATA (or --config.env.data_dir) at them. Goals 0-499 ar
 """
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
-from configs import alfworld  # noqa: E402
+from configs import alfworld
 
 
 def get_config():

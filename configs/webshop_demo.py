@@ -9,11 +9,7 @@ before and after RL on held-out goals of a shop of its own: seen product familie
 families never trained on (gen_unseen).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
-from configs import demo  # noqa: E402
+from configs import demo
 
 
 def get_config():
