@@ -242,3 +242,39 @@ def test_real_valid_seen_pool(alfworld_data, tmp_path):
         )
     p = sampler.probs()
     assert p[mask].sum() >= 2 * mask.mean() and p.max() <= Cfg.cap + 1e-12
+
+
+def test_round_reports_the_models_own_analyses_and_choices(tmp_path):
+    """With the policy as analyst and chooser, the metrics tell its parsed answers from the stand-ins."""
+    from roleagent_jax.aiw import analyse_failures
+
+    pool = make_pool()
+    failed = [failed_episode(t, pool.task_types[t], pool.goals[t]) for t in (0, 1, 2, 3)]
+    texts = [
+        "FAILURE_TYPE: wrong_object\nQUERY: clean the object at the sinkbasin",
+        "I am not sure what happened.",
+        "",
+        "FAILURE_TYPE: wrong_object\nLESSON: take the right object first",
+    ]
+    reports = analyse_failures(failed, ALFWORLD, texts)
+    sources = [r.source for r in reports]
+    assert "llm" in sources and "heuristic" in sources  # some parsed, some replaced by the heuristic
+
+    class LLMCfg(Cfg):
+        analyser = "llm"
+        retrieval = "llm"
+
+    state = AIWState(TaskSampler(len(pool), seed=0), FailureMemory(tmp_path / "m.jsonl"))
+    prompts_seen = []
+
+    def choose(prompts):
+        prompts_seen.extend(prompts)
+        return ["CHOICE: 1", "nothing", "CHOICE: 2", "?"][: len(prompts)]
+
+    m = aiw_round(state, failed, reports, pool, ALFWORLD, LLMCfg, 0, seed=0, choose_fn=choose)
+    assert len(prompts_seen) == 4
+    assert m["aiw/analyst_parsed_rate"] == sources.count("llm") / 4
+    assert m["aiw/analyst_parsed_rate"] + m["aiw/analyst_fallback_rate"] == 1.0
+    assert (m["aiw/choice_llm_rate"], m["aiw/choice_fallback_rate"]) == (0.5, 0.5)
+    quiet = aiw_round(state, failed, reports, pool, ALFWORLD, Cfg, 1, seed=0)  # heuristic + fuzzy
+    assert not any(k.startswith(("aiw/analyst_", "aiw/choice_")) for k in quiet)
