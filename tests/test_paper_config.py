@@ -14,9 +14,16 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from qwen2_tiny import TEXTS
 
 ROOT = Path(__file__).resolve().parents[1]
+# Text the tiny tokenizer is trained on: ALFWorld's kind of observations, actions and analyses.
+TEXTS = [
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1.",
+    "Your task is to: put a clean apple in fridge. <think>I need the apple first.</think>",
+    "<action>take apple 1 from countertop 1</action> You pick up the apple 1 from the countertop 1.",
+    "Nothing happens. You open the fridge 1. The fridge 1 is open. In it, you see a lettuce 1.",
+    "FAILURE_TYPE: wrong_object QUERY: clean then place LESSON: find the object first. CHOICE: 1, 2",
+]
 
 
 def paper_config():
@@ -55,7 +62,6 @@ def miniature(workdir: Path, model_dir: Path, data: Path, iterations: int):
     c.workdir = str(workdir)
     c.iterations = iterations
     c.model.path = str(model_dir)
-    c.model.dtype = "float32"  # CPU compute; the weights' own bf16 is what the master copy must survive
     c.env.data_dir = str(data)
     c.env.train_split = "valid_train"
     c.env.eval_splits = ("valid_seen",)
@@ -92,7 +98,7 @@ def run(config, roles: list[str]):
     trainer = Trainer(config)
     try:
         trainer.run()
-        return jax.device_get(trainer.state.params), dict(trainer.host)
+        return jax.device_get(trainer.state.params), dict(trainer.host), list(trainer.logger.history)
     finally:
         Sampler.generate = original
         trainer.close()
@@ -111,8 +117,10 @@ def test_paper_config_end_to_end(tmp_path, alfworld_data):
     )  # fmt: skip
     assert c.optim.lr == 1e-6 and c.loss.kl_coef > 0 and c.loss.kl_type != "none"
     roles: list[str] = []
-    full, full_host = run(c, roles)
+    full, full_host, history = run(c, roles)
     assert {"agent", "predictor", "analyst", "chooser"} <= set(roles), sorted(set(roles))
+    logged = {k for entry in history for k in entry}
+    assert {"aiw/analyst_parsed_rate", "aiw/choice_llm_rate", "wia/lms_h2"} <= logged, sorted(logged)
 
     start = nnx.split(load_pretrained(model_dir, param_dtype="float32")[0])[1]
     moved = 0.0
@@ -123,7 +131,7 @@ def test_paper_config_end_to_end(tmp_path, alfworld_data):
 
     split = tmp_path / "split"
     run(miniature(split, model_dir, alfworld_data, iterations=1), [])
-    resumed, resumed_host = run(miniature(split, model_dir, alfworld_data, iterations=2), [])
+    resumed, resumed_host, _ = run(miniature(split, model_dir, alfworld_data, iterations=2), [])
     assert resumed_host["sampled_tasks"] == full_host["sampled_tasks"]
     for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(resumed), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
