@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Text the tiny tokenizer is trained on: ALFWorld's kind of observations, actions and analyses.
@@ -104,7 +105,27 @@ def run(config, roles: list[str]):
         trainer.close()
 
 
-def test_paper_config_end_to_end(tmp_path, alfworld_data):
+@pytest.fixture
+def compile_cache(tmp_path):
+    """XLA's compilation cache on disk for this test: its three runs compile the same programs once."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    settings = {
+        "jax_compilation_cache_dir": str(tmp_path / "xla_cache"),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    before = {k: getattr(jax.config, k) for k in settings}
+    compilation_cache.reset_cache()
+    for k, v in settings.items():
+        jax.config.update(k, v)
+    yield
+    for k, v in before.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+def test_paper_config_end_to_end(tmp_path, alfworld_data, compile_cache):
     from flax import nnx
 
     from roleagent_jax.models import load_pretrained
