@@ -553,7 +553,7 @@ class Trainer:
             [r.response_ids for r in rows],
             self.pad_id,
             max_prompt=c.rollout.max_prompt_tokens,
-            max_response=c.rollout.max_response_tokens,
+            max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
             response_logprobs=[r.logprobs for r in rows] if from_sampler else None,
         )
         n, mb = len(rows), c.train.mini_batch_rows
