@@ -1,8 +1,11 @@
 """Does it learn, and which algorithm learns most? grpo vs gigpo vs roleagent on the demo, same budget.
 
     python benchmarks/learning.py [--seeds 0 1 2] [--iterations 12] [--panel 96 --draws 2]
+    python benchmarks/learning.py --algos gigpo wia aiw roleagent   # the paper's ablation table
 
-Per seed, one warm start (shared by the three algorithms, so they start from the same model) and one
+`--algos` runs any subset of the presets (grpo, gigpo, wia = GiGPO + WIA, aiw = GiGPO + AIW, roleagent;
+default grpo gigpo roleagent). Per seed, one warm start (shared by the algorithms, so they start from
+the same model) and one
 evaluation of it; then each algorithm runs the demo's RL budget and is evaluated on the held-out
 generated pools. Prints the table (mean +- std over seeds); last line: one JSON object.
 
@@ -24,8 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from benchmarks.common import demo_config  # noqa: E402
+from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
 
-ALGOS = ("grpo", "gigpo", "roleagent")
+DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
 PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
 PANEL_BATCH = 48  # episodes per sampler batch: the draws depend on it (README's evaluate command uses it)
 
@@ -81,11 +85,14 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/learning")
     parser.add_argument("--panel", type=int, default=0, help="fresh unseen games per extra panel (0 = off)")
     parser.add_argument("--draws", type=int, default=2, help="sampling seeds on the extra panel")
+    parser.add_argument(
+        "--algos", nargs="+", choices=PRESETS, default=list(DEFAULT_ALGOS), help="presets to compare"
+    )
     args = parser.parse_args()
     if args.panel < 0 or args.draws < 1:
         parser.error("--panel must be >= 0 and --draws >= 1")
     root = Path(args.workdir).absolute()
-    table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *ALGOS)}
+    table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *dict.fromkeys(args.algos))}
     panel_name = f"panel_{args.panel}"
     start = time.perf_counter()
     pool = None
@@ -112,7 +119,7 @@ def main() -> None:
             table["warm start"].setdefault(split, []).append(res["all"])
         print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
         models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
-        for algo in ALGOS:
+        for algo in dict.fromkeys(args.algos):
             c = base.copy_and_resolve_references()
             c.algo = algo
             c.workdir = str(root / f"seed{seed}" / algo)

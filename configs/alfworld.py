@@ -14,9 +14,11 @@ def get_config():
     c.workdir = "runs/alfworld"
     c.iterations = 150
     c.model.path = os.environ.get("ROLEAGENT_MODEL", "")
+    c.model.required = True  # never the small random model
     c.model.dtype = "bfloat16"
     c.model.remat = True
     c.env.data_dir = os.environ.get("ALFWORLD_DATA", "")
+    c.env.data_required = True
     c.env.train_split = "train"
     c.env.eval_splits = ("valid_seen", "valid_unseen")
     c.env.max_steps = 50
@@ -48,7 +50,7 @@ def get_config():
     c.wia.horizon = 2
     c.wia.lam = 1.0
     c.aiw.analyser = "llm"
-    c.aiw.retrieval = "fuzzy"
+    c.aiw.retrieval = "llm"  # the policy chooses among the candidates the memory proposes
     c.eval.every = 5
     c.eval.temperature = 0.4
     return c

@@ -8,13 +8,16 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     c = ConfigDict()
-    c.algo = "roleagent"  # grpo | gigpo | roleagent (GiGPO + WIA + AIW)
+    c.algo = (
+        "roleagent"  # grpo | gigpo | wia (GiGPO + WIA) | aiw (GiGPO + AIW) | roleagent (GiGPO + WIA + AIW)
+    )
     c.seed = 0
     c.workdir = "runs/default"
     c.iterations = 150
 
     c.model = ConfigDict()
     c.model.path = ""  # Hugging Face directory (config.json + safetensors); "" = build from model.init
+    c.model.required = False  # True: no model.path fails at start-up instead of training a random model
     c.model.init = ConfigDict()  # random init when no path: a Qwen2 config.json's fields
     c.model.init.hidden_size = 128
     c.model.init.intermediate_size = 352
@@ -41,6 +44,7 @@ def get_config() -> ConfigDict:
     c.env = ConfigDict()
     c.env.name = "alfworld"  # the scenario family (roleagent_jax.envs.registered())
     c.env.data_dir = ""  # "" = $ALFWORLD_DATA
+    c.env.data_required = False  # True: the real splits' data is checked at start-up, before any game
     c.env.train_split = "train"  # a split of the family; ALFWorld: train | valid_* | gen_seen | gen_unseen
     c.env.eval_splits = ("valid_seen", "valid_unseen")
     c.env.max_steps = 50
@@ -107,18 +111,27 @@ def get_config() -> ConfigDict:
     c.wia.fraction = 1.0  # share of steps that get a prediction
     c.wia.max_tokens = 128
     c.wia.backend = "rapidfuzz"  # rapidfuzz | difflib
+    # separate mode only. False (the paper's setting): predictions only score the agent through the WIA
+    # multiplier; the action's advantage says nothing about whether a prediction was right, so training on
+    # it would teach the world role to echo winning episodes. True (like the public code's inline mode):
+    # each prediction is also a training row with the advantage of the action it predicts the outcome of.
+    c.wia.train_predictor = False
 
     c.aiw = ConfigDict()
-    c.aiw.enabled = True
-    c.aiw.analyser = "llm"  # llm | heuristic
-    c.aiw.retrieval = "fuzzy"  # fuzzy | embedding | llm
-    c.aiw.top_k = 3
-    c.aiw.eta = 1.0
-    c.aiw.decay = 0.9
-    c.aiw.temperature = 1.0
-    c.aiw.epsilon = 0.2
-    c.aiw.cap = 0.05
-    c.aiw.max_tokens = 256
+    c.aiw.enabled = True  # set by algo: on for aiw and roleagent
+    c.aiw.analyser = "llm"  # llm: the policy analyses its own failures (heuristic stands in for bad answers)
+    c.aiw.retrieval = "fuzzy"  # fuzzy: keyword match of the report | llm: the policy picks among candidates
+    c.aiw.top_k = 3  # tasks retrieved per failure
+    c.aiw.min_sim = 0.0  # retrieved tasks below this similarity are dropped
+    c.aiw.self_boost = 1.0  # the failed task's own boost (retrieved tasks get their similarity)
+    c.aiw.aggregate = "max"  # max | sum: how one round's boosts of a task combine
+    c.aiw.eta = 1.0  # task-sampler step: logit += eta * boost
+    c.aiw.decay = 0.9  # task-sampler logits decay per round (old failures fade)
+    c.aiw.temperature = 1.0  # task-sampler softmax temperature
+    c.aiw.epsilon = 0.2  # share of uniform sampling mixed in (every task stays reachable)
+    c.aiw.cap = 0.05  # largest probability of one task (0 = no cap; never below 1 / tasks)
+    c.aiw.max_tokens = 256  # analyst and chooser answer length
+    # (the retrieval's tie-break seed is the run's seed)
 
     c.warmstart = ConfigDict()  # supervised warm start on expert trajectories (0 steps = off)
     c.warmstart.steps = 0

@@ -8,7 +8,7 @@ from ml_collections import ConfigDict
 
 from roleagent_jax.envs.base import get_family, registered
 
-ALGOS = ("grpo", "gigpo", "roleagent")
+ALGOS = ("grpo", "gigpo", "wia", "aiw", "roleagent")
 CHOICES = {
     "algo": ALGOS,
     "model.param_dtype": ("float32", "bfloat16", "float16"),
@@ -21,7 +21,8 @@ CHOICES = {
     "wia.mode": ("separate", "inline", "off"),
     "wia.backend": ("rapidfuzz", "difflib"),
     "aiw.analyser": ("llm", "heuristic"),
-    "aiw.retrieval": ("fuzzy", "embedding", "llm"),
+    "aiw.retrieval": ("fuzzy", "llm"),
+    "aiw.aggregate": ("max", "sum"),
 }
 # (key, low, high, low_inclusive): numeric ranges.
 RANGES = (
@@ -65,6 +66,8 @@ RANGES = (
     ("wia.fraction", 0.0, 1.0, True),
     ("wia.max_tokens", 1, None, True),
     ("aiw.top_k", 1, None, True),
+    ("aiw.min_sim", 0.0, 1.0, True),
+    ("aiw.self_boost", 0.0, None, True),
     ("aiw.eta", 0.0, None, True),
     ("aiw.decay", 0.0, 1.0, True),
     ("aiw.temperature", 0.0, None, False),
@@ -123,6 +126,13 @@ def startup_errors(config: ConfigDict) -> list[str]:
             "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "
             "--config.checkpoint.resume=False"
         )
+    if config.model.required and not config.model.path:
+        errors.append(
+            "--config.model.path is empty: this config trains a pretrained model; set it to a Hugging Face "
+            "Qwen2 directory (or $ROLEAGENT_MODEL)"
+        )
+    if config.env.data_required and config.env.name in registered():
+        errors += _data_errors(config)
     if config.model.path and Path(config.model.path).is_dir():
         from roleagent_jax.models.hf_io import check_pretrained
 
@@ -139,6 +149,18 @@ def startup_errors(config: ConfigDict) -> list[str]:
         except (ValueError, TypeError) as err:
             errors.append(f"--config.model.init: {err}")
     return errors
+
+
+def _data_errors(config: ConfigDict) -> list[str]:
+    """The real (not generated) splits the run reads, each looked up without loading a game."""
+    family = get_family(config.env.name)
+    splits = [config.env.train_split, *config.env.eval_splits]
+    for split in dict.fromkeys(s for s in splits if s not in family.generated_splits):
+        try:
+            family.check_data(split, config.env.data_dir or None)
+        except FileNotFoundError as err:
+            return [f"--config.env.data_dir={config.env.data_dir!r}: {' '.join(str(err).split())}"]
+    return []
 
 
 def validate(config: ConfigDict) -> ConfigDict:
@@ -179,10 +201,12 @@ def validate(config: ConfigDict) -> ConfigDict:
 
 
 def apply_algo(config: ConfigDict) -> ConfigDict:
-    """GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW."""
+    """GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW. The
+    paper's ablations: ``wia`` = GiGPO + WIA, ``aiw`` = GiGPO + AIW."""
     config = ConfigDict(config.to_dict())
     config.advantage.step_level = config.algo != "grpo"
-    if config.algo in ("grpo", "gigpo"):
+    if config.algo in ("grpo", "gigpo", "aiw"):
         config.wia.mode = "off"
+    if config.algo in ("grpo", "gigpo", "wia"):
         config.aiw.enabled = False
     return config

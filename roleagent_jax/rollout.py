@@ -66,6 +66,8 @@ class RolloutResult:
     rows: list[Row]
     predictions: dict[int, dict[int, list[str | None]]]  # traj_id -> step -> H predicted observations
     stats: dict[str, float] = field(default_factory=dict)
+    # separate mode: (traj_id, step, prompt ids, sampled answer) of each predictor request
+    predictor_samples: list[tuple[int, int, list[int], SampleResult]] = field(default_factory=list)
 
 
 class Tokenize:
@@ -92,6 +94,7 @@ class Predictor:
         self.family, self.encode, self.settings = family, encode, settings
         self.seed, self.iteration = seed, iteration
         self.pending: list[tuple[int, int, list[int]]] = []  # (traj id, step, prompt ids)
+        self.samples: list[tuple[int, int, list[int], SampleResult]] = []  # answered requests
 
     def after_step(self, turn: Turn, traj: Trajectory, sent: str) -> None:
         s = self.settings
@@ -108,8 +111,9 @@ class Predictor:
         ]
 
     def receive(self, results: Sequence[SampleResult], predictions: dict) -> None:
-        for (traj_id, step, _), res in zip(self.pending, results, strict=True):
+        for (traj_id, step, ids), res in zip(self.pending, results, strict=True):
             predictions[traj_id][step] = wia.parse_predictions(res.text, self.settings.wia_horizon)
+            self.samples.append((traj_id, step, ids, res))
         self.pending = []
 
 
@@ -242,7 +246,8 @@ def collect(
         "prompts_truncated": encode.truncated,
         "agent_steps": len(agent.rows),
     }
-    return RolloutResult(played.trajectories, agent.rows, predictions, stats)
+    samples = predictor.samples if predictor is not None else []
+    return RolloutResult(played.trajectories, agent.rows, predictions, stats, samples)
 
 
 class _Timed:

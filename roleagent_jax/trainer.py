@@ -86,6 +86,22 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
     return pool if pool is not None else generate()
 
 
+def with_predictor_rows(rows: list, adv: np.ndarray, samples) -> tuple[list, np.ndarray]:
+    """The predictor's answers as training rows, each with the advantage of the action it predicts the
+    outcome of (``wia.train_predictor``): the world role learns from the same signal as the agent."""
+    at = {(r.traj_id, r.step_index): i for i, r in enumerate(rows)}
+    extra, extra_adv = [], []
+    for traj_id, step, prompt_ids, res in samples:
+        i = at[(traj_id, step)]
+        extra.append(
+            dataclasses.replace(
+                rows[i], prompt_ids=prompt_ids, response_ids=list(res.token_ids), logprobs=list(res.logprobs)
+            )
+        )
+        extra_adv.append(adv[i])
+    return rows + extra, np.concatenate([adv, np.asarray(extra_adv, adv.dtype)])
+
+
 class Trainer:
     """Owns the model, environments, optimizer state and AIW state of one run in `config.workdir`."""
 
@@ -271,6 +287,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _apply_sampler_settings(self) -> None:
+        """The command line's task-sampler settings win over a checkpoint's (its logits and random state
+        are kept): a resumed run can change eta, decay, temperature, epsilon or cap."""
+        c, ts = self.config.aiw, self.task_sampler
+        cap = max(c.cap, 1.0 / ts.n_tasks) if c.cap else None
+        changed = [
+            f"{k} {old} -> {new}"
+            for k, old, new in (("eta", ts.eta, c.eta), ("decay", ts.decay, c.decay),
+                                ("temperature", ts.temperature, c.temperature),
+                                ("epsilon", ts.epsilon, c.epsilon), ("cap", ts.cap, cap))
+            if old != new
+        ]  # fmt: skip
+        ts.eta, ts.decay, ts.temperature, ts.epsilon, ts.cap = c.eta, c.decay, c.temperature, c.epsilon, cap
+        if changed and self.is_main:
+            print("task sampler settings from the command line: " + ", ".join(changed), flush=True)
+
     def _host_state(self) -> dict:
         return dict(
             self.host,
@@ -285,6 +317,7 @@ class Trainer:
         state, host = self.ckpt.restore(self.state)
         self.state = state
         self.aiw_state.load_state_dict(host.pop("aiw"))
+        self._apply_sampler_settings()
         history = host.pop("history")
         self.host.update(host)
         print(f"resumed from {self.ckpt.directory} at iteration {self.host['iteration']}", flush=True)
@@ -334,6 +367,7 @@ class Trainer:
             merged.trajectories += part.trajectories
             merged.rows += part.rows
             merged.predictions.update(part.predictions)
+            merged.predictor_samples += part.predictor_samples
             for k, v in part.stats.items():  # counts add up; times overlap, so the slowest process counts
                 merged.stats[k] = (
                     max(merged.stats.get(k, 0), v) if k.startswith("time") else merged.stats.get(k, 0) + v
@@ -420,6 +454,9 @@ class Trainer:
             )
         )
         t_adv = time.perf_counter() - t1
+        if c.wia.train_predictor and result.predictor_samples:
+            rows, adv = with_predictor_rows(rows, adv, result.predictor_samples)
+            metrics["train/predictor_rows"] = float(len(result.predictor_samples))
         t1 = time.perf_counter()
         update_metrics = self._update(rows, adv, it)
         t_update = time.perf_counter() - t1
@@ -436,7 +473,7 @@ class Trainer:
             {
                 "train/return": float(np.mean([t.total_reward for t in result.trajectories])),
                 "train/episode_len": float(np.mean(episode_len)),
-                "train/valid_rate": float(np.mean([r.valid for r in rows])) if rows else 0.0,
+                "train/valid_rate": float(np.mean([r.valid for r in result.rows])) if result.rows else 0.0,
                 "train/rows": len(rows),
                 "train/adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
                 "train/env_failed": float(np.sum([t.env_failed for t in result.trajectories])),
@@ -461,21 +498,31 @@ class Trainer:
         return metrics
 
     def _aiw(self, trajs, it: int) -> dict:
+        """The policy analyses its failures (``aiw.analyser=llm``) and chooses among the retrieval's
+        candidates (``aiw.retrieval=llm``), each role in one batched call of the rollout's sampler."""
         c = self.config
         failed = [t for t in trajs if not t.won]
+        gen = self.generate_fn(
+            self.state.params,
+            SamplingParams(temperature=0.4),
+            jax.random.fold_in(self.state.rng, 10_000 + it),
+        )
         texts = None
         if c.aiw.analyser == "llm" and failed:
-            gen = self.generate_fn(
-                self.state.params,
-                SamplingParams(temperature=0.4),
-                jax.random.fold_in(self.state.rng, 10_000 + it),
-            )
             requests = [
                 aiw.analysis_request(t, self.family, self.encode_prompt, c.aiw.max_tokens) for t in failed
             ]
             texts = [r.text for r in gen(requests)]
+
+        def choose(prompts: list[str]) -> list[str]:
+            requests = [aiw.choice_request(p, self.encode_prompt, c.aiw.max_tokens) for p in prompts]
+            return [r.text for r in gen(requests)]
+
         reports = aiw.analyse_failures(failed, self.family, texts, max_steps=c.env.max_steps)
-        metrics = aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it)
+        metrics = aiw.aiw_round(
+            self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it, seed=c.seed,
+            choose_fn=choose if c.aiw.retrieval == "llm" else None,
+        )  # fmt: skip
         if self.is_main:  # failure-type histogram and most boosted tasks of this round
             tqdm.write(f"[iter {it + 1}] " + aiw.format_round(metrics, self.aiw_state.history[-1]))
         return metrics
@@ -506,7 +553,7 @@ class Trainer:
             [r.response_ids for r in rows],
             self.pad_id,
             max_prompt=c.rollout.max_prompt_tokens,
-            max_response=c.rollout.max_response_tokens,
+            max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
             response_logprobs=[r.logprobs for r in rows] if from_sampler else None,
         )
         n, mb = len(rows), c.train.mini_batch_rows

@@ -99,8 +99,12 @@ def failed_episode(task_id: int, task_type: str, goal: str, variant: int = 0) ->
 
 
 class Cfg:
+    analyser = "heuristic"
     retrieval = "fuzzy"
     top_k = 3
+    min_sim = 0.0
+    self_boost = 1.0
+    aggregate = "max"
     eta = 1.0
     decay = 0.9
     temperature = 1.0
@@ -130,7 +134,7 @@ def run_rounds(tmp_path, failing_type: str, rounds: int, batch: int = 16, cfg=Cf
             if pool.task_types[t] == failing_type
         ]
         reports = [heuristic_analyse(t) for t in failed]
-        metrics = aiw_round(state, failed, reports, pool, ALFWORLD, cfg, it)
+        metrics = aiw_round(state, failed, reports, pool, ALFWORLD, cfg, it, seed=cfg.seed)
         assert metrics["aiw/max_prob"] <= cfg.cap + 1e-12
         assert format_round(metrics, state.history[-1]).startswith("AIW:")
     return pool, state, base
@@ -164,7 +168,7 @@ def test_share_returns_to_base_when_failures_stop(tmp_path):
     pool, state, base = run_rounds(tmp_path, failing, rounds=4)
     mask = np.array([t == failing for t in pool.task_types])
     for it in range(4, 120):
-        aiw_round(state, [], [], pool, ALFWORLD, Cfg, it)
+        aiw_round(state, [], [], pool, ALFWORLD, Cfg, it, seed=Cfg.seed)
     assert state.sampler.probs()[mask].sum() == pytest.approx(base, abs=1e-3)
 
 
@@ -183,6 +187,7 @@ def test_aiw_state_round_trip(tmp_path):
         ALFWORLD,
         Cfg,
         3,
+        seed=Cfg.seed,
     )
     fresh = AIWState(TaskSampler(len(pool), seed=99), FailureMemory(tmp_path / "failures.jsonl"))
     fresh.load_state_dict(ckpt)
@@ -205,10 +210,19 @@ def test_round_input_errors(tmp_path):
     pool = make_pool()
     state = AIWState(TaskSampler(len(pool)), FailureMemory(tmp_path / "m.jsonl"))
     with pytest.raises(ValueError, match="reports for"):
-        aiw_round(state, [failed_episode(0, pool.task_types[0], pool.goals[0])], [], pool, ALFWORLD, Cfg, 0)
+        aiw_round(
+            state,
+            [failed_episode(0, pool.task_types[0], pool.goals[0])],
+            [],
+            pool,
+            ALFWORLD,
+            Cfg,
+            0,
+            seed=Cfg.seed,
+        )
     small = AIWState(TaskSampler(5), FailureMemory(tmp_path / "n.jsonl"))
     with pytest.raises(ValueError, match="sampler"):
-        aiw_round(small, [], [], pool, ALFWORLD, Cfg, 0)
+        aiw_round(small, [], [], pool, ALFWORLD, Cfg, 0, seed=Cfg.seed)
 
 
 def test_real_valid_seen_pool(alfworld_data, tmp_path):
@@ -223,6 +237,44 @@ def test_real_valid_seen_pool(alfworld_data, tmp_path):
     for it in range(5):
         tasks = sampler.sample(16)
         failed = [failed_episode(int(t), failing, pool.goals[t], variant=it) for t in tasks if mask[t]]
-        aiw_round(state, failed, [heuristic_analyse(t) for t in failed], pool, ALFWORLD, Cfg, it)
+        aiw_round(
+            state, failed, [heuristic_analyse(t) for t in failed], pool, ALFWORLD, Cfg, it, seed=Cfg.seed
+        )
     p = sampler.probs()
     assert p[mask].sum() >= 2 * mask.mean() and p.max() <= Cfg.cap + 1e-12
+
+
+def test_round_reports_the_models_own_analyses_and_choices(tmp_path):
+    """With the policy as analyst and chooser, the metrics tell its parsed answers from the stand-ins."""
+    from roleagent_jax.aiw import analyse_failures
+
+    pool = make_pool()
+    failed = [failed_episode(t, pool.task_types[t], pool.goals[t]) for t in (0, 1, 2, 3)]
+    texts = [
+        "FAILURE_TYPE: wrong_object\nQUERY: clean the object at the sinkbasin",
+        "I am not sure what happened.",
+        "",
+        "FAILURE_TYPE: wrong_object\nLESSON: take the right object first",
+    ]
+    reports = analyse_failures(failed, ALFWORLD, texts)
+    sources = [r.source for r in reports]
+    assert "llm" in sources and "heuristic" in sources  # some parsed, some replaced by the heuristic
+
+    class LLMCfg(Cfg):
+        analyser = "llm"
+        retrieval = "llm"
+
+    state = AIWState(TaskSampler(len(pool), seed=0), FailureMemory(tmp_path / "m.jsonl"))
+    prompts_seen = []
+
+    def choose(prompts):
+        prompts_seen.extend(prompts)
+        return ["CHOICE: 1", "nothing", "CHOICE: 2", "?"][: len(prompts)]
+
+    m = aiw_round(state, failed, reports, pool, ALFWORLD, LLMCfg, 0, seed=0, choose_fn=choose)
+    assert len(prompts_seen) == 4
+    assert m["aiw/analyst_parsed_rate"] == sources.count("llm") / 4
+    assert m["aiw/analyst_parsed_rate"] + m["aiw/analyst_fallback_rate"] == 1.0
+    assert (m["aiw/choice_llm_rate"], m["aiw/choice_fallback_rate"]) == (0.5, 0.5)
+    quiet = aiw_round(state, failed, reports, pool, ALFWORLD, Cfg, 1, seed=0)  # heuristic + fuzzy
+    assert not any(k.startswith(("aiw/analyst_", "aiw/choice_")) for k in quiet)

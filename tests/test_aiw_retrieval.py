@@ -12,6 +12,7 @@ from roleagent_jax.aiw import (
     parse_choice,
     retrieve,
     retrieve_many,
+    retrieve_with_sources,
 )
 from roleagent_jax.aiw.retrieval import pattern_similarity
 from roleagent_jax.envs import get_family
@@ -141,6 +142,11 @@ def test_llm_mode_parses_choices_and_falls_back():
     assert len(out[1]) == 2 and all(POOL.task_types[t] == CLEAN for t, _ in out[1])  # fuzzy fallback
     with pytest.raises(ValueError, match="choose_fn"):
         retrieve(rep, POOL, ALFWORLD, mode="llm")
+    again, sources = retrieve_with_sources(
+        [rep, rep], POOL, ALFWORLD, mode="llm", k=2, choose_fn=choose, task_types=[CLEAN, CLEAN]
+    )
+    assert again == out and sources == ["llm", "fallback"]  # the model's pick vs the fuzzy stand-in
+    assert retrieve_with_sources([rep], POOL, ALFWORLD, mode="fuzzy")[1] == ["fuzzy"]
 
 
 @pytest.mark.parametrize(

@@ -136,3 +136,19 @@ def test_wrong_predictions_score_low(setup):
     result, _ = run(setup, "separate", perfect=False)
     mult, metrics = wia_multipliers(result, lam=1.0)
     assert metrics["wia/lms_h1"] < 0.3 and np.all(mult < 1.3)
+
+
+def test_predictor_prompt_gets_history_k_pairs(setup, monkeypatch):
+    """The predictor sees the same `history_k` (action, observation) pairs as the agent, not one."""
+    seen = []
+    original = ALFWORLD.predictor_prompt
+
+    def recording(goal, history, observation, action, horizon):
+        seen.append(list(history))
+        return original(goal, history, observation, action, horizon)
+
+    monkeypatch.setattr(ALFWORLD, "predictor_prompt", recording)
+    result, _ = run(setup, "separate")
+    assert max(len(t.steps) for t in result.trajectories) >= 3
+    assert max(len(h) for h in seen) == 2 and {len(h) for h in seen} == {0, 1, 2}
+    assert all(isinstance(a, str) and isinstance(o, str) for h in seen for a, o in h)

@@ -15,7 +15,7 @@ import numpy as np
 
 from roleagent_jax.aiw.memory import FailureMemory
 from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
-from roleagent_jax.aiw.retrieval import TaskIndex, retrieve_many
+from roleagent_jax.aiw.retrieval import TaskIndex, retrieve_with_sources
 from roleagent_jax.aiw.task_sampler import TaskSampler
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, taxonomy
 from roleagent_jax.types import Trajectory
@@ -60,11 +60,6 @@ class AIWState:
         return out
 
 
-def _cfg(cfg, name: str, default):
-    value = getattr(cfg, name, default) if cfg is not None else default
-    return default if value is None else value
-
-
 def analysis_request(
     traj: Trajectory, family: Family, encode: Callable[[str], list[int]], max_tokens: int, **prompt_kw
 ):
@@ -77,6 +72,13 @@ def analysis_request(
         stop=(ANALYSIS_STOP,),
         role="analyst",
     )
+
+
+def choice_request(prompt: str, encode: Callable[[str], list[int]], max_tokens: int):
+    """A sampler request for the chooser role: the policy picks retrieval candidates (``CHOICE: 2, 5``)."""
+    from roleagent_jax.sampling import SampleRequest
+
+    return SampleRequest(encode(prompt), max_tokens, role="chooser")
 
 
 def analyse_failures(
@@ -112,19 +114,20 @@ def aiw_round(
     cfg,
     iteration: int,
     *,
-    embed_fn: Callable[[list[str]], np.ndarray] | None = None,
+    seed: int,
     choose_fn: Callable[[list[str]], list[str]] | None = None,
 ) -> dict[str, float]:
     """Add the reports to memory, retrieve similar tasks, update the sampler; returns scalar metrics.
 
-    Boosts: each failed task gets ``self_boost`` (default 1.0), each retrieved task its similarity;
-    per task the round's boosts are combined by ``aggregate`` ("max", default, or "sum"). Episodes the
-    environment broke (``env_failed``) are not agent failures and are skipped. ``cfg`` fields read (all
-    optional): retrieval, top_k, min_sim, self_boost, aggregate, seed.
+    Boosts: each failed task gets ``cfg.self_boost``, each retrieved task its similarity; per task the
+    round's boosts are combined by ``cfg.aggregate`` ("max" or "sum"). Episodes the environment broke
+    (``env_failed``) are not agent failures and are skipped. ``cfg`` (configs/base.py's ``aiw``) fields
+    read: analyser, retrieval, top_k, min_sim, self_boost, aggregate. ``seed`` (the run's) seeds the
+    retrieval's tie-breaks; ``choose_fn(prompts) -> texts`` is the policy as chooser (retrieval ``llm``).
     """
     if len(failed_trajs) != len(reports):
         raise ValueError(f"{len(reports)} reports for {len(failed_trajs)} failed trajectories")
-    aggregate = _cfg(cfg, "aggregate", "max")
+    aggregate = cfg.aggregate
     if aggregate not in ("max", "sum"):
         raise ValueError(f"aiw.aggregate must be 'max' or 'sum', got {aggregate!r}")
     if state.index is None or len(state.index) != len(pool.goals if hasattr(pool, "goals") else pool):
@@ -135,22 +138,20 @@ def aiw_round(
     pairs = [(t, r) for t, r in zip(failed_trajs, reports) if not t.env_failed]
     state.memory.add_many([(iteration, t, r) for t, r in pairs])
 
-    seed = int(_cfg(cfg, "seed", 0))
-    hits = retrieve_many(
+    hits, sources = retrieve_with_sources(
         [r for _, r in pairs],
         index,
         family,
         state.memory,
-        mode=_cfg(cfg, "retrieval", "fuzzy"),
-        k=int(_cfg(cfg, "top_k", 3)),
+        mode=cfg.retrieval,
+        k=int(cfg.top_k),
         task_types=[t.task_type for t, _ in pairs],
         exclude=[[t.task_id] for t, _ in pairs],
-        min_sim=float(_cfg(cfg, "min_sim", 0.0)),
-        embed_fn=embed_fn,
+        min_sim=float(cfg.min_sim),
         choose_fn=choose_fn,
-        seed=seed * 1_000_003 + int(iteration),
+        seed=int(seed) * 1_000_003 + int(iteration),
     )
-    self_boost = float(_cfg(cfg, "self_boost", 1.0))
+    self_boost = float(cfg.self_boost)
     boosts: dict[int, float] = {}
     for (traj, _), found in zip(pairs, hits):
         for task, sim in [(traj.task_id, self_boost), *found]:
@@ -189,6 +190,12 @@ def aiw_round(
             "aiw/memory_records": float(len(state.memory)),
         }
     )
+    if cfg.analyser == "llm" and pairs:  # the model's own answers vs the heuristic standing in for them
+        own = float(np.mean([r.source == "llm" for _, r in pairs]))
+        metrics.update({"aiw/analyst_parsed_rate": own, "aiw/analyst_fallback_rate": 1.0 - own})
+    if cfg.retrieval == "llm" and sources:  # the model's choice vs the fuzzy top k standing in for it
+        chosen = float(np.mean([s == "llm" for s in sources]))
+        metrics.update({"aiw/choice_llm_rate": chosen, "aiw/choice_fallback_rate": 1.0 - chosen})
     return metrics
 
 

@@ -185,7 +185,13 @@ def parse_choice(text: str, n_candidates: int, k: int) -> list[int]:
     return out
 
 
-def retrieve_many(
+def retrieve_many(reports: Sequence[FailureReport], *args, **kw) -> list[list[tuple[int, float]]]:
+    """Top-k (task id, similarity in [0, 1]) per report, best first (``retrieve_with_sources`` without
+    the sources)."""
+    return retrieve_with_sources(reports, *args, **kw)[0]
+
+
+def retrieve_with_sources(
     reports: Sequence[FailureReport],
     pool,
     family: Family | None = None,
@@ -200,8 +206,10 @@ def retrieve_many(
     choose_fn: Callable[[list[str]], list[str]] | None = None,
     candidates_per_pick: int = 4,
     seed: int = 0,
-) -> list[list[tuple[int, float]]]:
-    """Top-k (task id, similarity in [0, 1]) per report, best first. Batches the embedding / LLM calls.
+) -> tuple[list[list[tuple[int, float]]], list[str]]:
+    """Top-k (task id, similarity in [0, 1]) per report, best first, and where each report's choice came
+    from: the mode's name, or for ``llm`` "llm" (a parsed answer) or "fallback" (the fuzzy top k stood in
+    for an unusable answer). Batches the embedding / LLM calls.
 
     ``pool`` is a task pool of ``family`` or a ``TaskIndex`` (which knows its family)."""
     if mode not in MODES:
@@ -225,10 +233,10 @@ def retrieve_many(
         emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         cos = np.clip(emb[:n] @ emb[n:].T, 0.0, 1.0)[:, _positions(descs, uniq)]
         sims = [np.maximum(cos[i], _memory_sims(r, memory, len(index))) for i, r in enumerate(reports)]
-        return [_top_k(sims[i], k, min_sim, excl[i], rngs[i]) for i in range(n)]
+        return [_top_k(sims[i], k, min_sim, excl[i], rngs[i]) for i in range(n)], [mode] * n
     scores = [fuzzy_scores(r, index, memory, tt) for r, tt in zip(reports, task_types)]
     if mode == "fuzzy":
-        return [_top_k(s, k, min_sim, e, g) for s, e, g in zip(scores, excl, rngs)]
+        return [_top_k(s, k, min_sim, e, g) for s, e, g in zip(scores, excl, rngs)], [mode] * n
     if choose_fn is None:
         raise ValueError("retrieval mode 'llm' needs choose_fn(prompts) -> list of answer texts")
     cands = [
@@ -237,14 +245,15 @@ def retrieve_many(
     ]
     prompts = [build_choice_prompt(r, index, c, k) for r, c in zip(reports, cands)]
     answers = list(choose_fn(prompts)) if prompts else []
-    out = []
+    out, sources = [], []
     for s, c, ans in zip(scores, cands, answers + [""] * (n - len(answers))):
         picked = parse_choice(ans, len(c), k)
         if picked:
             out.append([(c[i], max(float(s[c[i]]), LLM_MIN_SIM)) for i in picked])
         else:
             out.append([(t, float(s[t])) for t in c[:k] if s[t] > 0 and s[t] >= min_sim])
-    return out
+        sources.append("llm" if picked else "fallback")
+    return out, sources
 
 
 def _positions(items: list[str], uniq: list[str]) -> np.ndarray:

@@ -268,6 +268,11 @@ class Family:
             )
         return {**self.gen_options, **dict(options or {})}
 
+    def check_data(self, split: str, data_dir: str | Path | None = None) -> None:
+        """Raise FileNotFoundError (naming what is missing and how to get it) when the real split's data
+        is not where `task_pool` would read it, without loading a task: start-up checks it before any
+        game is played. Default: nothing to check."""
+
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise ValueError naming the option and value when the resolved `options` are unusable, so a
         run fails at start-up rather than when it first builds tasks. Default: any known key is fine."""

@@ -72,6 +72,9 @@ class AlfWorld(Family):
             return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
         return games.pool_from_split(data_dir or None, split)
 
+    def check_data(self, split: str, data_dir: str | Path | None = None) -> None:
+        games.split_dir(data_dir or None, split)
+
     def check_options(self, options: Mapping[str, Any]) -> None:
         from roleagent_jax.envs.alfworld.procgen import GenSize
 
