@@ -86,7 +86,7 @@ def main() -> None:
     start = time.perf_counter()
     pool = None
     if args.panel:
-        from roleagent_jax.envs.base import TaskPool
+        from roleagent_jax.envs.alfworld_tasks import TaskPool
 
         gen = demo_config().env.gen
         pool = TaskPool.for_split(

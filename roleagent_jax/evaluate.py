@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from roleagent_jax.envs.alfworld import TASK_TYPES
-from roleagent_jax.envs.base import TaskPool
+from roleagent_jax.envs.alfworld_tasks import TaskPool
 from roleagent_jax.envs.pool import EnvPool
 from roleagent_jax.envs.prompts import parse_action
 

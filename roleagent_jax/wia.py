@@ -121,6 +121,7 @@ def build_predictor_prompt(
     action: str,
     horizon: int,
     *,
+    framing=None,
     history_k: int = 1,
     obs_chars: int = 240,
 ) -> str:
@@ -129,10 +130,20 @@ def build_predictor_prompt(
     Kept short (a ~1k-context model must fit it): the task, the last ``history_k`` (observation,
     action) pairs, the current observation and the chosen action. The answer format is one tag per
     horizon, closed by ``PREDICT_STOP``; ``format_predictions`` writes the same format for warm starts.
+    ``framing`` (an ``envs.base.PredictorFraming``: intro, reply, replies) holds the family's words.
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")
-    lines = ["Act as the game engine. Predict what the game prints next.", f"Task: {_clip(goal, 160)}"]
+    intro, reply, replies = (
+        (framing.intro, framing.reply, framing.replies)
+        if framing is not None
+        else (
+            "Act as the game engine. Predict what the game prints next.",
+            "the game's reply",
+            "game replies",
+        )
+    )
+    lines = [intro, f"Task: {_clip(goal, 160)}"]
     recent = list(history)[-history_k:] if history_k > 0 else []
     for obs, act in recent:
         lines.append(f"Seen: {_clip(obs, obs_chars)}")
@@ -140,10 +151,10 @@ def build_predictor_prompt(
     lines.append(f"Now: {_clip(observation, obs_chars)}")
     lines.append(f"Action: {_clip(action, 80)}")
     if horizon == 1:
-        lines.append("Write the game's reply to this action as <obs1>...</obs1> then " + PREDICT_STOP)
+        lines.append(f"Write {reply} to this action as <obs1>...</obs1> then " + PREDICT_STOP)
     else:
         lines.append(
-            f"Write the next {horizon} game replies (after this action, then after the likely next "
+            f"Write the next {horizon} {replies} (after this action, then after the likely next "
             f"actions) as <obs1>...</obs1> up to <obs{horizon}>...</obs{horizon}>, then {PREDICT_STOP}"
         )
     return "\n".join(lines) + "\n"

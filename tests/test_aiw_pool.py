@@ -208,7 +208,7 @@ def test_round_input_errors(tmp_path):
 
 
 def test_real_valid_seen_pool(alfworld_data, tmp_path):
-    from roleagent_jax.envs.base import TaskPool
+    from roleagent_jax.envs.alfworld_tasks import TaskPool
 
     pool = TaskPool.from_split(alfworld_data, "valid_seen")
     for goal, tt in zip(pool.goals, pool.task_types):  # every real goal parses into the pieces AIW uses

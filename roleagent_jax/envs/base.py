@@ -1,112 +1,398 @@
-"""The task pool: the sorted list of games whose indices are the task ids everything else refers to."""
+"""The environment contract: what every scenario family (ALFWorld, WebShop, search QA, ...) provides.
+
+Generic code (rollout, evaluation, warm start, trainer, WIA, AIW) talks to a family only through the
+names in this module, so adding a family is one package under `roleagent_jax/envs/<family>/` plus one
+`register(...)` call. The pieces:
+
+- `Task`: one playable task (an id, its type, the goal sentence, a family payload, a known plan).
+- `Observation`: what one `reset` or `step` returns (text, GiGPO anchor, admissible actions, reward,
+  done, won, an optional family score, the expert's plan when asked for, free-form info).
+- `Env`: the engine adapter protocol, `reset(task, expert=False)` and `step(action)`; instances live
+  in worker processes (see `envs/pool.py`) and never import JAX.
+- `TaskPool`: an ordered list of tasks; a task's index in it is the task id everything else uses
+  (the AIW sampler draws indices, `EnvPool.reset` plays `pool.tasks[i]`).
+- `Family`: the base class a family subclasses: its name and task types, how to build its env and
+  its task pools, the agent's prompt and action parser, the WIA predictor framing and the AIW pieces
+  (failure taxonomy, heuristic analyser, goal abstraction for retrieval).
+- The registry: `register`, `registered`, `get_family`.
+
+This module imports nothing heavy (no JAX, no engine): workers and tests import it freely.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
+import importlib
+import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from roleagent_jax.envs.alfworld import _read_json, goal_of, list_games, split_dir, task_type_of
+if TYPE_CHECKING:  # annotations only: AIW and the records module are not needed to define the contract
+    from roleagent_jax.aiw.taxonomy import FailureReport
+    from roleagent_jax.types import Trajectory
 
-GEN_SPLITS = {"gen_seen": "seen", "gen_unseen": "unseen"}
+MAX_ACTION_CHARS = 200  # an unparsed response is sent to the env cut to this many characters
 
 
-def default_gen_dir() -> Path:
-    """Where generated games go unless told otherwise ($ROLEAGENT_GEN_DIR or ~/.cache/roleagent_jax/games)."""
-    env = os.environ.get("ROLEAGENT_GEN_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "roleagent_jax" / "games"
+# ------------------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task a family can play. Picklable: the pool sends it to the worker that plays it.
+
+    id           stable identifier, unique in its pool (ALFWorld: the game file's path).
+    type         the task type, one of the family's `task_types` (success is reported per type).
+    goal         the goal sentence exactly as the agent's prompt states it.
+    payload      whatever the family's env needs to start the task (a game file, a product goal, a
+                 question with its gold answers); generic code never looks inside.
+    expert_plan  a known winning action sequence (generated tasks keep their generator's), or None.
+                 The warm start replays it instead of asking the env's expert step by step.
+    """
+
+    id: str
+    type: str
+    goal: str
+    payload: Any = None
+    expert_plan: tuple[str, ...] | None = None
+
+
+@dataclass
+class Observation:
+    """What the env returns from `reset` and `step`. Picklable (it crosses the worker pipe).
+
+    text         what the agent reads (the raw engine text; the prompt builder may clean it).
+    anchor       the state identity for GiGPO's step groups: two observations with equal anchors in one
+                 task group are the same state (ALFWorld: the raw observation text).
+    admissible   the actions the env accepts now, or None for free-form families (any text is an action;
+                 the parser then validates format only).
+    reward       the step's task reward (0.0 after reset).
+    done         the episode is over (won, lost, or out of steps); stepping it again changes nothing.
+    won          the task is solved (success, the quantity every summary reports).
+    score        an optional graded outcome of the family (WebShop's purchase score, QA's exact match);
+                 None where the family has none.
+    expert_plan  the expert's remaining plan from this state when the episode was reset with
+                 `expert=True` (the first entry is the expert's next action); None otherwise.
+    failed       set by the worker pool only: the env crashed or timed out and the episode is lost
+                 (counted as failed, never as an agent failure). Families leave it False.
+    info         free-form family extras for logs and tests (ALFWorld: step count, game file); generic
+                 code never depends on its keys.
+    """
+
+    text: str
+    anchor: str
+    admissible: list[str] | None = None
+    reward: float = 0.0
+    done: bool = False
+    won: bool = False
+    score: float | None = None
+    expert_plan: list[str] | None = None
+    failed: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode at a time of one family, in a worker process (no JAX).
+
+    `reset(task, expert=False)` starts `task` from its initial state; with `expert=True` every
+    observation of this episode carries `expert_plan` (families without an expert ignore the flag).
+    `step(action)` applies one action text (the parsed action, or `Family.unparsed_action` of the raw
+    response) and returns the next observation; after `done`, stepping returns the final observation
+    again with reward 0. An env ends an episode itself after the `max_steps` it was built with.
+    Raising from either call marks that one episode as failed; the pool keeps going.
+    """
+
+    def reset(self, task: Task, expert: bool = False) -> Observation: ...
+
+    def step(self, action: str) -> Observation: ...
 
 
 @dataclass
 class TaskPool:
-    """Games in a fixed (sorted) order with their task types and task sentences.
+    """Tasks in a fixed order; a task's index is its task id for sampling, rollouts and AIW.
 
-    The index of a game in `game_files` is its task id: the AIW sampler draws these ids and
-    `EnvPool.reset` plays exactly the game it is given.
+    `source` says where the tasks came from (a folder, a generated set) for messages and reports.
     """
 
-    game_files: list[str]
-    task_types: list[str]
-    goals: list[str]
+    tasks: list[Task]
     source: str = ""
-    expert_plans: dict[int, list[str]] = field(default_factory=dict)  # known solutions (generated games)
 
-    def __post_init__(self):
-        if not (len(self.game_files) == len(self.task_types) == len(self.goals)):
-            raise ValueError("game_files, task_types and goals must have the same length")
+    def __post_init__(self) -> None:
+        self.tasks = list(self.tasks)
 
     def __len__(self) -> int:
-        return len(self.game_files)
+        return len(self.tasks)
+
+    def __getitem__(self, index: int) -> Task:
+        return self.tasks[index]
+
+    @property
+    def task_types(self) -> list[str]:
+        """The type of every task, in pool order."""
+        return [t.type for t in self.tasks]
+
+    @property
+    def goals(self) -> list[str]:
+        """The goal sentence of every task, in pool order."""
+        return [t.goal for t in self.tasks]
+
+    @property
+    def expert_plans(self) -> dict[int, list[str]]:
+        """task index -> known winning plan, for the tasks that have one."""
+        return {i: list(t.expert_plan) for i, t in enumerate(self.tasks) if t.expert_plan is not None}
 
     def type_counts(self) -> dict[str, int]:
+        """How many tasks of each type the pool holds."""
         return dict(Counter(self.task_types))
 
-    def subset(self, ids: list[int]) -> TaskPool:
-        plans = {j: self.expert_plans[i] for j, i in enumerate(ids) if i in self.expert_plans}
-        return TaskPool(
-            [self.game_files[i] for i in ids],
-            [self.task_types[i] for i in ids],
-            [self.goals[i] for i in ids],
-            self.source,
-            plans,
+    def subset(self, ids: Sequence[int]) -> TaskPool:
+        """The tasks at `ids`, in that order (their new indices are 0..len(ids)-1)."""
+        return TaskPool([self.tasks[int(i)] for i in ids], self.source)
+
+
+@dataclass(frozen=True)
+class PredictorFraming:
+    """The family's words in WIA's predictor prompt (the rest of that prompt is generic).
+
+    intro    the first line, casting the model as the world ("Act as the game engine. ...").
+    reply    what one predicted observation is called, with its article ("the game's reply").
+    replies  the plural, after a number ("game replies", as in "the next 2 game replies").
+    """
+
+    intro: str = "Act as the environment. Predict what it shows next."
+    reply: str = "the environment's reply"
+    replies: str = "environment replies"
+
+
+# ------------------------------------------------------------------------------------------ family
+
+
+class Family:
+    """Everything generic code needs from one scenario family; subclass it and `register` an instance.
+
+    Instances must be picklable by reference (a module-level class whose instance attributes pickle):
+    worker processes unpickle the family and call `start_worker()` then `make_env(...)`. A family
+    defined in a test module works too, provided that module imports no JAX at its top level (the
+    worker imports it to unpickle the family).
+
+    Class attributes to set: `name`, `task_types`; usually also `action_stop`, `empty_action`,
+    `has_expert`, `generated_splits`, `gen_options`, `predictor_framing`, `analysis_intro`,
+    `failure_types` (+ `failure_keywords`), `pattern_keywords`. Methods to implement: `make_env`,
+    `task_pool`, `agent_prompt`, `parse_action`; override the others where the defaults do not fit.
+    """
+
+    name: ClassVar[str] = ""
+    """Registry key and the value of `config.env.name` ("alfworld")."""
+
+    task_types: ClassVar[tuple[str, ...]] = ()
+    """Canonical task types in report order: success summaries list types in this order."""
+
+    action_stop: ClassVar[str] = "</action>"
+    """The stop string that ends an agent answer (the sampler stops there; it may be cut off)."""
+
+    empty_action: ClassVar[str] = ""
+    """What the env receives when the response is unparsable and, stripped, empty (ALFWorld: "look")."""
+
+    has_expert: ClassVar[bool] = False
+    """Whether `Env.reset(task, expert=True)` fills `Observation.expert_plan` (warm start, --policy=expert)."""
+
+    generated_splits: ClassVar[tuple[str, ...]] = ()
+    """Split names whose tasks the family generates itself (no download), e.g. ("gen_seen", "gen_unseen").
+    The trainer gives each (split, purpose) its own folder, size and seed; other splits are real data."""
+
+    gen_options: ClassVar[Mapping[str, Any]] = {}
+    """The family's own generation settings with their defaults (ALFWorld: room sizes). The trainer passes
+    `config.env.<name>` (when the config has that subtree) as `options` to `task_pool`."""
+
+    predictor_framing: ClassVar[PredictorFraming] = PredictorFraming()
+    """How WIA's predictor prompt names the world; see `predictor_prompt`."""
+
+    analysis_intro: ClassVar[str] = "You review a failed attempt at a task and explain why it failed."
+    """First line of the AIW analysis prompt (the policy as its own failure analyst)."""
+
+    failure_types: ClassVar[Mapping[str, str]] = {}
+    """AIW failure taxonomy: type name -> one-line gloss (shown in the analysis prompt). `unknown` is
+    added by AIW itself and must not be listed."""
+
+    failure_keywords: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """(phrase, type name) pairs: words small models use for a type instead of its name. Checked in
+    order after exact and fuzzy name matching when an analysis answer is normalised."""
+
+    pattern_keywords: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    """task type -> distinctive words of its pattern, for AIW's fuzzy retrieval (a query naming "heat"
+    or "microwave" pulls heat-then-place tasks). Multi-word entries match as phrases. Types without an
+    entry match on their pattern name."""
+
+    # -------------------------------------------------------------- environment (worker side)
+
+    def start_worker(self) -> None:
+        """Called once in each env worker process before its first `make_env` (process-wide set-up, such
+        as ALFWorld's textworld parser memo). Default: nothing."""
+
+    def make_env(self, max_steps: int) -> Env:
+        """A fresh env that ends each episode after at most `max_steps` steps. Runs in a JAX-free worker
+        process; one env per pool slot, reset many times."""
+        raise NotImplementedError(f"family {self.name!r} does not implement make_env")
+
+    # -------------------------------------------------------------- tasks
+
+    def task_pool(
+        self,
+        split: str,
+        *,
+        data_dir: str | Path | None = None,
+        gen_dir: str | Path | None = None,
+        n: int = 0,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> TaskPool:
+        """The tasks of `split`, in a fixed order.
+
+        Real data splits read `data_dir` (None: the family's default location, e.g. an environment
+        variable) and raise FileNotFoundError naming what is missing and how to get it. Generated splits
+        (`generated_splits`) write or reuse `n` tasks made with `seed` and `options` (the family's
+        `gen_options` keys; unknown keys raise ValueError) under `gen_dir`: the same arguments give the
+        same tasks. An unknown split raises ValueError listing the known ones.
+        """
+        raise NotImplementedError(f"family {self.name!r} does not implement task_pool")
+
+    def resolve_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """`gen_options` updated with `options`; ValueError naming any key the family does not know."""
+        unknown = sorted(set(options or {}) - set(self.gen_options))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {unknown} for environment {self.name!r}; known: {sorted(self.gen_options)}"
+            )
+        return {**self.gen_options, **dict(options or {})}
+
+    # -------------------------------------------------------------- agent
+
+    def agent_prompt(
+        self,
+        goal: str,
+        history: Sequence[tuple[str, str]],
+        observation: str,
+        admissible: Sequence[str] | None,
+        step: int,
+        history_k: int,
+    ) -> str:
+        """The agent's user message at `step` (0-based): the goal, the last `history_k` of the earlier
+        (observation, action) pairs in `history` (oldest first; the builder slices), the current
+        observation text and the admissible actions (None: free-form). The answer format it asks for
+        must end with `action_stop`."""
+        raise NotImplementedError(f"family {self.name!r} does not implement agent_prompt")
+
+    def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
+        """(action, valid) from a model response; never raises.
+
+        valid=True: a well-formed action that the env accepts (in `admissible` when given; return the
+        list's own spelling). A well-formed but inadmissible action returns (action, False); anything
+        unparsable returns (None, False)."""
+        raise NotImplementedError(f"family {self.name!r} does not implement parse_action")
+
+    def format_action(self, action: str) -> str:
+        """A response text that `parse_action` reads back as `action` (expert targets for the warm
+        start, the expert and random evaluation policies). Default: `<action>{action}</action>`."""
+        return f"<action>{action}</action>"
+
+    def unparsed_action(self, response: str) -> str:
+        """What the env receives when `parse_action` found no action: the response stripped and cut to
+        MAX_ACTION_CHARS characters, or `empty_action` when nothing is left. The step is recorded as
+        invalid either way."""
+        return response.strip()[:MAX_ACTION_CHARS] or self.empty_action
+
+    # -------------------------------------------------------------- WIA
+
+    def predictor_prompt(
+        self,
+        goal: str,
+        history: Sequence[tuple[str, str]],
+        observation: str,
+        action: str,
+        horizon: int,
+    ) -> str:
+        """WIA's separate-mode prompt for one step: the model predicts the next `horizon` observations
+        after `action`. Default: WIA's generic prompt in this family's `predictor_framing`."""
+        from roleagent_jax import wia
+
+        return wia.build_predictor_prompt(
+            goal, history, observation, action, horizon, framing=self.predictor_framing
         )
 
-    @classmethod
-    def from_files(cls, files: list[str], source: str = "") -> TaskPool:
-        files = sorted(str(f) for f in files)
-        if not files:
-            raise FileNotFoundError(f"no playable game.tw-pddl files in {source or 'the given list'}")
-        return cls(files, [task_type_of(f) for f in files], [goal_of(_read_json(f)) for f in files], source)
+    # -------------------------------------------------------------- AIW
 
-    @classmethod
-    def from_dir(cls, folder: str | os.PathLike) -> TaskPool:
-        if not Path(folder).is_dir():
-            raise FileNotFoundError(f"game folder not found: {folder}")
-        return cls.from_files(list_games(folder), source=str(folder))
+    def analyse_failure(self, traj: Trajectory, max_steps: int) -> FailureReport:
+        """AIW's heuristic analyser: label a failed trajectory with one of `failure_types` (or `unknown`),
+        the 1-based critical step, and a lesson and retrieval query that name the task pattern, never
+        the surface object. Used when the policy does not analyse (aiw.analyser=heuristic) and when its
+        analysis is unusable. Default: `unknown` with the pattern name as query."""
+        from roleagent_jax.aiw.taxonomy import FailureReport
 
-    @classmethod
-    def from_split(cls, data_dir: str | os.PathLike | None, split: str) -> TaskPool:
-        """A real ALFWorld split, e.g. valid_seen, from `data_dir` (None: $ALFWORLD_DATA)."""
-        return cls.from_dir(split_dir(data_dir, split))
+        p = self.pattern_name(traj.task_type)
+        return FailureReport(
+            detail="episode won" if traj.won else "no rule matched",
+            lesson=f"In {p} tasks, plan the steps the task needs before acting.",
+            query=f"{p}: failed",
+            source="heuristic",
+        )
 
-    @classmethod
-    def generated(cls, out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", **size) -> TaskPool:
-        """n procedurally generated games (reused when out_dir already holds the same set).
+    def abstract_goal(self, goal: str, task_type: str) -> str:
+        """The goal with its surface entities replaced by placeholders ("put a clean X in Y"), so
+        retrieval compares tasks by pattern. Default: the goal lower-cased, whitespace collapsed."""
+        return re.sub(r"\s+", " ", goal.lower()).strip()
 
-        `size` takes procgen.GenSize fields: num_receptacles, num_objects, extra_targets (int or
-        (lo, hi)), max_expert_steps. Different settings go to different sub-folders of out_dir.
-        """
-        from roleagent_jax.envs import procgen  # the generator is only needed here
+    def pattern_name(self, task_type: str) -> str:
+        """A short name of the task type's pattern ("clean then place"). Default: the type's words."""
+        return task_type.replace("_", " ").strip() or "task"
 
-        gen_size = procgen.GenSize(**size)
-        tag = hashlib.sha1(json.dumps(asdict(gen_size), sort_keys=True).encode()).hexdigest()[:8]
-        folder = Path(out_dir) / f"{pool}_n{n}_seed{seed}_{tag}"
-        made = procgen.generate(folder, n, seed, pool, gen_size)
-        result = cls.from_files(made.game_files, source=str(folder))
-        root = Path(folder)
-        plans = made.manifest.get("expert_plans", {})
-        result.expert_plans = {
-            i: plans[str(Path(f).relative_to(root))]
-            for i, f in enumerate(result.game_files)
-            if str(Path(f).relative_to(root)) in plans
-        }
-        return result
+    def pattern_text(self, task_type: str) -> str:
+        """A one-line description of the pattern (retrieval's task descriptions). Default: the name."""
+        return self.pattern_name(task_type)
 
-    @classmethod
-    def for_split(
-        cls,
-        split: str,
-        data_dir: str | os.PathLike | None = None,
-        *,
-        gen_dir: str | os.PathLike | None = None,
-        gen_n: int = 24,
-        gen_seed: int = 0,
-        **size,
-    ) -> TaskPool:
-        """Any split by name: gen_seen / gen_unseen are generated, anything else is real ALFWorld data."""
-        if split in GEN_SPLITS:
-            return cls.generated(gen_dir or default_gen_dir(), gen_n, gen_seed, GEN_SPLITS[split], **size)
-        return cls.from_split(data_dir, split)
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+# Built-in families are imported on first lookup, so importing `roleagent_jax.envs` loads no engine.
+_BUILTIN: dict[str, str] = {"alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld"}
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Make `family` selectable as `config.env.name = family.name`; returns it.
+
+    Registering a second family under a taken name raises ValueError unless `replace=True`."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register() needs a Family instance, got {type(family).__name__}")
+    if not family.name or not family.task_types:
+        raise ValueError(f"{type(family).__name__} must set `name` and `task_types`")
+    taken = family.name in _REGISTRY or family.name in _BUILTIN
+    if taken and not replace and _REGISTRY.get(family.name) is not family:
+        raise ValueError(f"an environment family named {family.name!r} is already registered")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Forget a registered family (tests that register their own clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered() -> tuple[str, ...]:
+    """The names of every known family, sorted (built-in ones even before their first lookup)."""
+    return tuple(sorted(set(_BUILTIN) | set(_REGISTRY)))
+
+
+def get_family(name: str) -> Family:
+    """The family registered as `name`; ValueError naming the known families when there is none."""
+    if name not in _REGISTRY and name in _BUILTIN:
+        module, attr = _BUILTIN[name].split(":")
+        register(getattr(importlib.import_module(module), attr)(), replace=True)
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(registered())}")
+    return _REGISTRY[name]

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import wait
 
-from roleagent_jax.envs.base import TaskPool
+from roleagent_jax.envs.alfworld_tasks import TaskPool
 
 SPAWN = mp.get_context("spawn")  # workers never inherit the parent's threads (JAX)
 
