@@ -359,7 +359,10 @@ class Family:
 # ------------------------------------------------------------------------------------------ registry
 
 # Built-in families are imported on first lookup, so importing `roleagent_jax.envs` loads no engine.
-_BUILTIN: dict[str, str] = {"alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld"}
+_BUILTIN: dict[str, str] = {
+    "alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld",
+    "search_qa": "roleagent_jax.envs.search_qa.family:SearchQA",
+}
 _REGISTRY: dict[str, Family] = {}
 
 

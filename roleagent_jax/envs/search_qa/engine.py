@@ -7,8 +7,9 @@ is retrieved, the observation is a format reminder, and the turn is flagged (`in
 the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live in the advantage,
 never in the environment reward). After `max_turns` turns without an answer the episode ends at 0.
 
-The observation is also the GiGPO anchor: the question at the start, then the retrieved text, so two
-rollouts that issued queries with the same results share a step group.
+The anchor of GiGPO's step groups is the observation text: the question at the start, then the
+retrieved text, so two rollouts whose queries brought back the same passages share a step group. When
+one turn is left, the text the agent reads also says so (LAST_TURN); the anchor does not.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ FORMAT_REMINDER = (
     "To give the final answer, put it between <answer> and </answer>."
 )
 CORRECT, WRONG = "Answer submitted: correct.", "Answer submitted: wrong."
+LAST_TURN = "One turn left: answer now."
 
 
 def question_observation(question: str) -> str:
@@ -35,7 +37,7 @@ def question_observation(question: str) -> str:
 
 
 class SearchQAEnv:
-    """One question at a time: reset(task) -> (obs, info); step(response) -> (obs, reward, done, info).
+    """One question at a time: reset(task) -> (text, info); step(response) -> (text, reward, done, info).
 
     `step` takes the model's response (or a canonical action, which parses the same way). With
     `expert=True` at reset, every info carries the expert's next response in `expert_plan` (generated
@@ -62,8 +64,9 @@ class SearchQAEnv:
         obs = question_observation(task.question)
         self._observations, self._actions, self._done = [], [], False
         info = self._info(obs, None, 0.0)
-        self._last = (obs, info)
-        return obs, info
+        text = f"{obs}\n{LAST_TURN}" if self.max_turns == 1 else obs
+        self._last = (text, info)
+        return text, info
 
     @property
     def turns(self) -> int:
@@ -90,8 +93,9 @@ class SearchQAEnv:
             obs = FORMAT_REMINDER
         self._done = turn.kind == ANSWER or self.turns >= self.max_turns
         info = self._info(obs, turn, em)
-        self._last = (obs, info)
-        return obs, reward, self._done, info
+        text = f"{obs}\n{LAST_TURN}" if not self._done and self.turns == self.max_turns - 1 else obs
+        self._last = (text, info)
+        return text, reward, self._done, info
 
     def _info(self, obs: str, turn: Turn | None, em: float) -> dict:
         assert self.task is not None

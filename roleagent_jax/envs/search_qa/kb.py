@@ -21,10 +21,10 @@ from roleagent_jax.envs.search_qa.corpus import Passage
 
 # ------------------------------------------------------------------------------------------- names
 
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr",
-           "tr", "st", "th", "sh", "vr", "fl")  # fmt: skip
-_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea", "y")
-_CODAS = ("", "", "n", "r", "l", "s", "th", "nd", "rk", "m", "x", "sk")
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st",
+           "th", "sh")  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou")
+_CODAS = ("", "", "n", "r", "l", "s", "th", "m", "x")
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class KBSize:
 
 @dataclass
 class KnowledgeBase:
+    seed: int = 0
     countries: dict[str, Country] = field(default_factory=dict)
     cities: dict[str, City] = field(default_factory=dict)
     people: dict[str, Person] = field(default_factory=dict)
@@ -138,7 +139,7 @@ def generate_kb(seed: int = 0, size: KBSize | None = None) -> KnowledgeBase:
     size = size or KBSize()
     rng = random.Random(f"kb:{seed}")
     namer = _Namer(rng)
-    kb = KnowledgeBase()
+    kb = KnowledgeBase(seed)
     country_names = [namer.word((2, 2), ("ia", "and", "or", "ar")) for _ in range(size.countries)]
     for i in range(size.cities):
         country = country_names[i % size.countries]  # every country gets at least one city

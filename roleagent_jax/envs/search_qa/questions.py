@@ -6,7 +6,8 @@ from the start entity (each value is the next entity to look up), ("compare", re
 looks up one relation of two entities and names the one with the smaller ("min") or larger ("max")
 value.
 
-Splits: the entities named in questions are partitioned once per seed (a quarter held out); a train
+Splits: the entities named in questions are partitioned once per knowledge base (a quarter held out,
+chosen by the knowledge base's seed, so every question seed sees the same partition); a train
 question names only train entities and a held-out question only held-out ones, so held-out answers
 were never the answer of a training question about the same entity. Intermediate entities (a
 creator's birthplace, say) are shared; they are looked up, never named.
@@ -58,9 +59,9 @@ def _table(kb: KnowledgeBase, kind: str) -> dict:
     return {"country": kb.countries, "city": kb.cities, "person": kb.people, "work": kb.works}[kind]
 
 
-def held_out_entities(kb: KnowledgeBase, seed: int) -> set[str]:
-    """The entities only held-out questions may name (a seeded quarter of each type, at least one)."""
-    rng = random.Random(f"split:{seed}")
+def held_out_entities(kb: KnowledgeBase) -> set[str]:
+    """The entities only held-out questions may name (a quarter of each type, at least one)."""
+    rng = random.Random(f"split:{kb.seed}")
     out: set[str] = set()
     for kind in ("country", "city", "person", "work"):
         names = sorted(_table(kb, kind))
@@ -121,7 +122,8 @@ def generate_questions(
     seed: int = 0,
     mix: dict[str, float] | None = None,
 ) -> list[QATask]:
-    """n distinct questions of one split, mixed by kind (`mix` weights, default DEFAULT_MIX), seeded.
+    """n distinct questions of one split, mixed by kind (`mix` weights, default DEFAULT_MIX), drawn with
+    `seed` (the knowledge base's own seed fixes which entities are held out).
 
     Comparisons alternate which option is the answer, so naming an option blindly is right half the time.
     """
@@ -132,7 +134,7 @@ def generate_questions(
         raise ValueError(f"question mix must weigh kinds among {KINDS} with weights >= 0, got {mix}")
     if n < 1:
         raise ValueError(f"number of questions must be >= 1, got {n}")
-    held = held_out_entities(kb, seed)
+    held = held_out_entities(kb)
     allowed = (lambda e: e in held) if split == "test" else (lambda e: e not in held)
     rng = random.Random(f"questions:{seed}:{split}")
     total = sum(mix.values())
@@ -171,8 +173,13 @@ def _balanced(kb: KnowledgeBase, question: str, plan: tuple, i: int) -> tuple[st
 
 
 def generated_tasks(
-    split: str, n: int, seed: int = 0, size: KBSize | None = None, mix: dict[str, float] | None = None
+    split: str,
+    n: int,
+    seed: int = 0,
+    kb_seed: int = 0,
+    size: KBSize | None = None,
+    mix: dict[str, float] | None = None,
 ) -> tuple[KnowledgeBase, list[QATask]]:
-    """The knowledge base of `seed` and n questions of `split` over it."""
-    kb = generate_kb(seed, size)
+    """The knowledge base of `kb_seed` and n questions of `split` over it, drawn with `seed`."""
+    kb = generate_kb(kb_seed, size)
     return kb, generate_questions(kb, n, split, seed, mix)
