@@ -71,10 +71,7 @@ def test_env_observations(family):
     assert start.text == start.anchor == f"Question: {task.goal}" and start.admissible is None
     assert start.expert_plan == [pool.expert_plans[i][0]] and start.score is None
     first = env.step(start.expert_plan[0])
-    assert (
-        first.anchor.startswith("<information>")
-        and first.text == first.anchor + "\nOne turn left: answer now."
-    )
+    assert first.anchor.startswith("<information>") and first.text == first.anchor
     assert not first.done and first.score is None and first.info["valid"]
     bad = env.step("no tags")
     assert bad.done and not bad.won and bad.score == 0.0 and bad.info["valid"] is False  # 2 turns used

@@ -8,8 +8,7 @@ the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live 
 never in the environment reward). After `max_turns` turns without an answer the episode ends at 0.
 
 The anchor of GiGPO's step groups is the observation text: the question at the start, then the
-retrieved text, so two rollouts whose queries brought back the same passages share a step group. When
-one turn is left, the text the agent reads also says so (LAST_TURN); the anchor does not.
+retrieved text, so two rollouts whose queries brought back the same passages share a step group.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ FORMAT_REMINDER = (
     "To give the final answer, put it between <answer> and </answer>."
 )
 CORRECT, WRONG = "Answer submitted: correct.", "Answer submitted: wrong."
-LAST_TURN = "One turn left: answer now."
 
 
 def question_observation(question: str) -> str:
@@ -37,7 +35,7 @@ def question_observation(question: str) -> str:
 
 
 class SearchQAEnv:
-    """One question at a time: reset(task) -> (text, info); step(response) -> (text, reward, done, info).
+    """One question at a time: reset(task) -> (obs, info); step(response) -> (obs, reward, done, info).
 
     `step` takes the model's response (or a canonical action, which parses the same way). With
     `expert=True` at reset, every info carries the expert's next response in `expert_plan` (generated
@@ -64,9 +62,8 @@ class SearchQAEnv:
         obs = question_observation(task.question)
         self._observations, self._actions, self._done = [], [], False
         info = self._info(obs, None, 0.0)
-        text = f"{obs}\n{LAST_TURN}" if self.max_turns == 1 else obs
-        self._last = (text, info)
-        return text, info
+        self._last = (obs, info)
+        return obs, info
 
     @property
     def turns(self) -> int:
@@ -93,9 +90,8 @@ class SearchQAEnv:
             obs = FORMAT_REMINDER
         self._done = turn.kind == ANSWER or self.turns >= self.max_turns
         info = self._info(obs, turn, em)
-        text = f"{obs}\n{LAST_TURN}" if not self._done and self.turns == self.max_turns - 1 else obs
-        self._last = (text, info)
-        return text, reward, self._done, info
+        self._last = (obs, info)
+        return obs, reward, self._done, info
 
     def _info(self, obs: str, turn: Turn | None, em: float) -> dict:
         assert self.task is not None
