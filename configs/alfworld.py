@@ -4,11 +4,8 @@ python -m roleagent_jax.main --config=configs/alfworld.py --config.model.path=/p
 """
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
-from configs import base  # noqa: E402
+from configs import base
 
 
 def get_config():

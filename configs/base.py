@@ -39,21 +39,23 @@ def get_config() -> ConfigDict:
     c.mesh.tensor = 1
 
     c.env = ConfigDict()
-    c.env.name = "alfworld"
+    c.env.name = "alfworld"  # the scenario family (roleagent_jax.envs.registered())
     c.env.data_dir = ""  # "" = $ALFWORLD_DATA
-    c.env.train_split = "train"  # train | valid_seen | valid_unseen | valid_train | gen_seen | gen_unseen
+    c.env.train_split = "train"  # a split of the family; ALFWorld: train | valid_* | gen_seen | gen_unseen
     c.env.eval_splits = ("valid_seen", "valid_unseen")
     c.env.max_steps = 50
     c.env.history_k = 2
     c.env.num_workers = 8
     c.env.step_timeout = 60.0
-    c.env.gen = ConfigDict()  # procedural games (splits gen_seen / gen_unseen)
-    c.env.gen.dir = ""  # where generated games go ("" = <workdir>/games); share it between runs
+    c.env.gen = ConfigDict()  # the family's generated splits (ALFWorld: gen_seen / gen_unseen)
+    c.env.gen.dir = ""  # where generated tasks go ("" = <workdir>/games); share it between runs
     c.env.gen.n_train = 64
     c.env.gen.n_eval = 24
     c.env.gen.seed = 0
-    c.env.gen.num_receptacles = 6
-    c.env.gen.num_objects = 6
+    # Each family's own generation settings, under its name (read when env.name selects it).
+    c.env.alfworld = ConfigDict()
+    c.env.alfworld.num_receptacles = 6
+    c.env.alfworld.num_objects = 6
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_iter = 16  # B
@@ -72,6 +74,8 @@ def get_config() -> ConfigDict:
     c.advantage.invalid_penalty = 0.1
     c.advantage.credit_invalid = True  # False: invalid actions never share a won episode's credit
     c.advantage.negative_scale = 1.0  # < 1 damps negative advantages (1 = as published)
+    c.advantage.std_floor = 0.0  # > 0 floors the group std of mean_std_norm (all-fail groups)
+    c.advantage.anchor_similarity = 1.0  # < 1 merges near-identical anchors into one step group
 
     c.loss = ConfigDict()
     c.loss.clip_eps = 0.2

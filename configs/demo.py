@@ -14,11 +14,7 @@ recovery too (`warmstart.explore` > 0) gives a stronger start from which these f
 nothing measurable (README, "The demo's learning, honestly").
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # config files load by path
-from configs import base  # noqa: E402
+from configs import base
 
 
 def get_config():
@@ -44,8 +40,8 @@ def get_config():
     c.env.gen.n_train = 240  # many small rooms: the tiny model must generalise, not memorise
     c.env.gen.n_eval = 48  # per pool; one game = 2.1 points
     c.env.gen.seed = 0
-    c.env.gen.num_receptacles = 4
-    c.env.gen.num_objects = 2
+    c.env.alfworld.num_receptacles = 4
+    c.env.alfworld.num_objects = 2
 
     c.rollout.tasks_per_iter = 8
     c.rollout.group_size = 8

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
+from roleagent_jax.envs.base import registered
+
 ALGOS = ("grpo", "gigpo", "roleagent")
 CHOICES = {
     "algo": ALGOS,
@@ -18,7 +20,6 @@ CHOICES = {
     "wia.backend": ("rapidfuzz", "difflib"),
     "aiw.analyser": ("llm", "heuristic"),
     "aiw.retrieval": ("fuzzy", "embedding", "llm"),
-    "env.name": ("alfworld",),
 }
 # (key, low, high, low_inclusive): numeric ranges.
 RANGES = (
@@ -39,6 +40,8 @@ RANGES = (
     ("advantage.omega", 0.0, None, True),
     ("advantage.invalid_penalty", 0.0, None, True),
     ("advantage.negative_scale", 0.0, 1.0, True),
+    ("advantage.std_floor", 0.0, None, True),
+    ("advantage.anchor_similarity", 0.0, 1.0, False),
     ("loss.clip_eps", 0.0, 1.0, False),
     ("loss.dual_clip", 1.0, None, False),
     ("loss.kl_coef", 0.0, None, True),
@@ -77,6 +80,8 @@ def _get(config: ConfigDict, dotted: str):
 def validate(config: ConfigDict) -> ConfigDict:
     """Raise ValueError naming the key, the bad value and what is allowed; return the config."""
     errors = []
+    if config.env.name not in registered():
+        errors.append(f"--config.env.name={config.env.name!r}: must be one of {', '.join(registered())}")
     for key, allowed in CHOICES.items():
         value = _get(config, key)
         if value not in allowed:

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt
+from roleagent_jax.envs.base import Family
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.rollout import Tokenize
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
@@ -28,11 +28,14 @@ def write_prompt_settings(directory: str | Path, **settings) -> None:
 
 
 class ModelPolicy:
-    """Batched agent responses from the model through the shared sampler (one call per step)."""
+    """Batched agent responses from the model through the shared sampler (one call per step).
+
+    The episode loop builds each turn's prompt with the family's builder and this policy's `history_k`,
+    exactly as training rollouts do."""
 
     needs_expert_plan = False
 
-    def __init__(self, checkpoint: str | Path, temperature: float = 0.4, seed: int = 0):
+    def __init__(self, checkpoint: str | Path, family: Family, temperature: float = 0.4, seed: int = 0):
         path = Path(checkpoint)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -44,6 +47,8 @@ class ModelPolicy:
             **DEFAULTS,
             **(json.loads(settings_file.read_text()) if settings_file.exists() else {}),
         }
+        self.family = family
+        self.history_k = int(self.settings["history_k"])
         model, config = load_pretrained(path)
         self.tokenizer = load_tokenizer(path)
         self.encode = Tokenize(self.tokenizer, self.settings["max_prompt_tokens"])  # as the rollout does
@@ -54,16 +59,9 @@ class ModelPolicy:
         self.calls = 0
 
     def __call__(self, batch) -> list[str]:
-        k = self.settings["history_k"]
         requests = [
             SampleRequest(
-                self.encode(
-                    build_agent_prompt(
-                        x.goal, x.history[-k:] if k else [], x.observation, x.admissible, x.step, k=k
-                    )
-                ),
-                self.settings["max_response_tokens"],
-                stop=(ACTION_STOP,),
+                self.encode(x.prompt), self.settings["max_response_tokens"], stop=(self.family.action_stop,)
             )
             for x in batch
         ]

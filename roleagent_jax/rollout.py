@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: every environment steps in lockstep, one batched sampler call per step.
+"""Training rollouts: the model plays every slot through the shared episode loop, one sampler call a step.
 
 The same call carries the agent prompts of step t and, in WIA `separate` mode, the predictor prompts for
 the actions chosen at step t-1: one generation serves both roles of the model. Finished environments
@@ -15,16 +15,19 @@ import numpy as np
 
 from roleagent_jax import wia
 from roleagent_jax.advantages import hash_anchor
-from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt, parse_action
+from roleagent_jax.envs.base import Family
+from roleagent_jax.episodes import Move, Turn, play
 from roleagent_jax.sampling import SampleRequest, SampleResult
 from roleagent_jax.tokenizer import chat_prompt
 from roleagent_jax.types import Step, Trajectory
 
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
-INLINE_INSTRUCTION = (
-    "\nAfter </action>, write the observation you expect next inside <predict_next>...</predict_next>."
-)
 INLINE_STOP = "</predict_next>"
+
+
+def inline_instruction(action_stop: str) -> str:
+    """WIA inline mode: after its action the agent writes the observation it expects next."""
+    return f"\nAfter {action_stop}, write the observation you expect next inside <predict_next>...</predict_next>."
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Row:
     reward: float
     valid: bool
     done: bool
+    anchor: str = ""  # the anchor itself, for similarity clustering of step groups
 
 
 @dataclass
@@ -78,8 +82,121 @@ class Tokenize:
         return ids
 
 
+class Predictor:
+    """WIA's hook on the episode loop: after a chosen step, queue a predictor prompt for the action just
+    sent; the queue rides on the next sampler call and its answers become that step's predictions."""
+
+    def __init__(
+        self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int, iteration: int
+    ):
+        self.family, self.encode, self.settings = family, encode, settings
+        self.seed, self.iteration = seed, iteration
+        self.pending: list[tuple[int, int, list[int]]] = []  # (traj id, step, prompt ids)
+
+    def after_step(self, turn: Turn, traj: Trajectory, sent: str) -> None:
+        s = self.settings
+        if not wia.prediction_mask(self.seed, self.iteration, [traj.traj_id], turn.step, s.wia_fraction)[0]:
+            return
+        recent = turn.history[-s.history_k :] if s.history_k else []
+        text = self.family.predictor_prompt(traj.goal, recent, turn.observation.text, sent, s.wia_horizon)
+        self.pending.append((traj.traj_id, turn.step, self.encode(text)))
+
+    def requests(self) -> list[SampleRequest]:
+        return [
+            SampleRequest(ids, self.settings.wia_max_tokens, stop=(wia.PREDICT_STOP,), role="predictor")
+            for _, _, ids in self.pending
+        ]
+
+    def receive(self, results: Sequence[SampleResult], predictions: dict) -> None:
+        for (traj_id, step, _), res in zip(self.pending, results, strict=True):
+            predictions[traj_id][step] = wia.parse_predictions(res.text, self.settings.wia_horizon)
+        self.pending = []
+
+
+class SamplerAgent:
+    """The model as the agent of the episode loop: one batched sampler call per step (agent requests
+    first, then the predictor's), and one training row per step played."""
+
+    def __init__(self, call, family: Family, encode: Tokenize, settings: RolloutSettings,
+                 predictor: Predictor | None, predictions: dict, slot_offset: int = 0):  # fmt: skip
+        self.call, self.family, self.encode, self.settings = call, family, encode, settings
+        self.predictor, self.predictions, self.slot_offset = predictor, predictions, slot_offset
+        self.inline = settings.wia_mode == "inline"
+        self.stop = (INLINE_STOP,) if self.inline else (family.action_stop,)
+        self.suffix = inline_instruction(family.action_stop) if self.inline else ""
+        self.rows: list[Row] = []
+        self.sampled: dict[int, tuple[list[int], SampleResult]] = {}  # slot -> (prompt ids, result)
+        self.calls = self.generated_tokens = 0
+
+    def act(self, step: int, turns: list[Turn]) -> list[Move] | None:
+        s = self.settings
+        requests = [
+            SampleRequest(
+                self.encode(tr.prompt + self.suffix), s.max_response_tokens, stop=self.stop, role="agent"
+            )
+            for tr in turns
+        ]
+        if self.predictor is not None:
+            requests += self.predictor.requests()
+        results = self.call(requests)
+        if results is None:
+            return None
+        self.calls += 1
+        self.generated_tokens += sum(len(r.token_ids) for r in results)
+        if self.predictor is not None:
+            self.predictor.receive(results[len(turns) :], self.predictions)
+        moves = []
+        for tr, req, res in zip(turns, requests[: len(turns)], results[: len(turns)], strict=True):
+            self.sampled[tr.slot] = (req.prompt_ids, res)
+            if self.inline:
+                self.predictions[self.slot_offset + tr.slot][step] = [wia.parse_inline_prediction(res.text)]
+            moves.append(Move(res.text))
+        return moves
+
+    def after_step(self, turn: Turn, traj: Trajectory, step: Step, sent: str) -> None:
+        prompt_ids, res = self.sampled.pop(turn.slot)
+        self.rows.append(
+            Row(
+                prompt_ids=prompt_ids,
+                response_ids=list(res.token_ids),
+                logprobs=list(res.logprobs),
+                traj_id=traj.traj_id,
+                group_id=traj.group_id,
+                task_id=traj.task_id,
+                step_index=turn.step,
+                anchor_hash=hash_anchor(turn.observation.anchor),
+                reward=step.reward,
+                valid=step.valid,
+                done=step.done,
+                anchor=turn.observation.anchor,
+            )
+        )
+        if self.predictor is not None:
+            self.predictor.after_step(turn, traj, sent)
+
+
+def global_call(generate: GenerateFn, gather, rank: int) -> Callable[[list[SampleRequest]], list | None]:
+    """One sampler call of this process's requests; None when there is nothing to generate.
+
+    With `gather` (an all-gather of every process's requests) the call is one global batch of which
+    this process keeps its part, and None only when no process has anything left."""
+
+    def call(requests: list[SampleRequest]) -> list[SampleResult] | None:
+        if gather is None:
+            return generate(requests) if requests else None
+        parts = gather(requests)
+        flat = [r for part in parts for r in part]
+        if not flat:
+            return None
+        offset = sum(len(part) for part in parts[:rank])
+        return generate(flat)[offset : offset + len(requests)]
+
+    return call
+
+
 def collect(
     generate: GenerateFn,
+    family: Family,
     envs,
     task_ids: Sequence[int],
     group_ids: Sequence[int],
@@ -94,164 +211,52 @@ def collect(
     """Play one episode in each env slot (slot i plays task_ids[i]) and return trajectories and rows.
 
     `generate` is one batched sampler call (weights and sampling settings bound by the caller), so tests
-    can script the model. `envs` is an EnvPool with at least len(task_ids) slots.
+    can script the model. `envs` is an EnvPool of `family` with at least len(task_ids) slots.
 
     Multi-host: each process plays its own slots (`slot_offset` = its first global slot, so trajectory
-    ids and WIA choices do not depend on the process count) and `gather` (an all-gather of every
-    process's requests) makes each sampler call one global batch, of which this process (`rank`) keeps
-    its part. The loop runs until no process has anything left to generate.
+    ids and WIA choices do not depend on the process count) and `gather` makes each sampler call one
+    global batch (see `global_call`). The loop runs until no process has anything left to generate.
     """
-
-    def call(requests: list[SampleRequest]) -> list[SampleResult] | None:
-        if gather is None:
-            return generate(requests) if requests else None
-        parts = gather(requests)
-        flat = [r for part in parts for r in part]
-        if not flat:
-            return None
-        offset = sum(len(part) for part in parts[:rank])
-        return generate(flat)[offset : offset + len(requests)]
-
-    n = len(task_ids)
     encode = Tokenize(tokenizer, settings.max_prompt_tokens)
-    t_env = t_gen = 0.0
-    start = time.perf_counter()
-    resets = envs.reset(list(task_ids))
-    t_env += time.perf_counter() - start
-    trajs, obs, admissible, anchors = [], [], [], []
-    for i, (o, info) in enumerate(resets):
-        trajs.append(
-            Trajectory(
-                task_id=int(task_ids[i]),
-                task_type=info.get("task_type", ""),
-                goal=info.get("goal", ""),
-                group_id=int(group_ids[i]),
-                traj_id=slot_offset + i,
-                env_failed=bool(info.get("env_failed", False)),
-            )
-        )
-        obs.append(o)
-        anchors.append(info.get("anchor", o))
-        admissible.append(list(info.get("admissible_commands", [])))
-    active = [i for i in range(n) if not trajs[i].env_failed]
-    history: list[list[tuple[str, str]]] = [[] for _ in range(n)]
-    rows: list[Row] = []
-    predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(n)}
-    pending: list[tuple[int, int, list[int]]] = []  # (slot, step, predictor prompt ids)
-    calls = generated_tokens = 0
-    inline = settings.wia_mode == "inline"
-    agent_stop = (INLINE_STOP,) if inline else (ACTION_STOP,)
-
-    for t in range(settings.max_steps + 1):
-        agent_slots = active if t < settings.max_steps else []
-        requests = []
-        for i in agent_slots:
-            text = build_agent_prompt(
-                trajs[i].goal,
-                history[i][-settings.history_k :] if settings.history_k else [],
-                obs[i],
-                admissible[i],
-                t,
-                k=settings.history_k,
-            )
-            requests.append(
-                SampleRequest(
-                    prompt_ids=encode(text + (INLINE_INSTRUCTION if inline else "")),
-                    max_new_tokens=settings.max_response_tokens,
-                    stop=agent_stop,
-                    role="agent",
-                )
-            )
-        for _, _, ids in pending:
-            requests.append(
-                SampleRequest(ids, settings.wia_max_tokens, stop=(wia.PREDICT_STOP,), role="predictor")
-            )
-        start = time.perf_counter()
-        results = call(requests)
-        if results is None:
-            break
-        t_gen += time.perf_counter() - start
-        calls += 1
-        generated_tokens += sum(len(r.token_ids) for r in results)
-        for (slot, step, _), res in zip(pending, results[len(agent_slots) :], strict=True):
-            predictions[slot_offset + slot][step] = wia.parse_predictions(res.text, settings.wia_horizon)
-        pending = []
-        if not agent_slots:
-            continue
-
-        actions, parsed = {}, {}
-        for i, res in zip(agent_slots, results[: len(agent_slots)], strict=True):
-            action, valid = parse_action(res.text, admissible[i])
-            parsed[i] = (action, valid, res)
-            actions[i] = action if action is not None else res.text.strip()[:200] or "look"
-            if inline:
-                predictions[slot_offset + i][t] = [wia.parse_inline_prediction(res.text)]
-        start = time.perf_counter()
-        outcomes = envs.step(actions)
-        t_env += time.perf_counter() - start
-
-        still_active = []
-        for k, i in enumerate(agent_slots):
-            action, valid, res = parsed[i]
-            next_obs, reward, done, info = outcomes[i]
-            failed = bool(info.get("env_failed", False))
-            done = bool(done) or failed or t + 1 >= settings.max_steps
-            step = Step(
-                observation=obs[i],
-                admissible=admissible[i],
-                response=res.text,
-                action=action,
-                valid=valid,
-                reward=float(reward),
-                next_observation=next_obs,
-                done=done,
-            )
-            trajs[i].steps.append(step)
-            rows.append(
-                Row(
-                    prompt_ids=requests[k].prompt_ids,
-                    response_ids=list(res.token_ids),
-                    logprobs=list(res.logprobs),
-                    traj_id=slot_offset + i,
-                    group_id=trajs[i].group_id,
-                    task_id=trajs[i].task_id,
-                    step_index=t,
-                    anchor_hash=hash_anchor(anchors[i]),
-                    reward=float(reward),
-                    valid=valid,
-                    done=done,
-                )
-            )
-            chosen = wia.prediction_mask(seed, iteration, [slot_offset + i], t, settings.wia_fraction)[0]
-            if settings.wia_mode == "separate" and chosen:
-                text = wia.build_predictor_prompt(
-                    trajs[i].goal,
-                    history[i][-settings.history_k :] if settings.history_k else [],
-                    obs[i],
-                    actions[i],
-                    settings.wia_horizon,
-                )
-                pending.append((i, t, encode(text)))
-            history[i].append((obs[i], actions[i]))
-            obs[i], admissible[i] = next_obs, list(info.get("admissible_commands", []))
-            anchors[i] = info.get("anchor", next_obs)
-            if failed:
-                trajs[i].env_failed = True
-            if info.get("won"):
-                trajs[i].won = True
-            if not done:
-                still_active.append(i)
-        active = still_active
-
+    predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(len(task_ids))}
+    predictor = (
+        Predictor(family, encode, settings, seed, iteration) if settings.wia_mode == "separate" else None
+    )
+    timed = _Timed(global_call(generate, gather, rank))
+    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset)
+    played = play(
+        family,
+        envs,
+        task_ids,
+        agent,
+        max_steps=settings.max_steps,
+        history_k=settings.history_k,
+        group_ids=group_ids,
+        slot_offset=slot_offset,
+    )
     stats = {
-        "sampler_calls": calls,
-        "generated_tokens": generated_tokens,
-        "time_generate": t_gen,
-        "time_env": t_env,
+        "sampler_calls": agent.calls,
+        "generated_tokens": agent.generated_tokens,
+        "time_generate": timed.seconds,
+        "time_env": played.time_env,
         "prompts_truncated": encode.truncated,
-        "agent_steps": len(rows),
+        "agent_steps": len(agent.rows),
     }
-    return RolloutResult(trajs, rows, predictions, stats)
+    return RolloutResult(played.trajectories, agent.rows, predictions, stats)
+
+
+class _Timed:
+    """A sampler call that adds up its wall time (calls that return results only)."""
+
+    def __init__(self, call):
+        self.call, self.seconds = call, 0.0
+
+    def __call__(self, requests):
+        start = time.perf_counter()
+        out = self.call(requests)
+        if out is not None:
+            self.seconds += time.perf_counter() - start
+        return out
 
 
 def wia_multipliers(result: RolloutResult, lam: float, backend: str = "rapidfuzz"):

@@ -24,10 +24,11 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
-from roleagent_jax.advantages import gigpo_advantages
+from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
 from roleagent_jax.checkpointing import Checkpointer, write_json
 from roleagent_jax.config import apply_algo, validate
-from roleagent_jax.envs import EnvPool, TaskPool
+from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
+from roleagent_jax.episodes import success_summary
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.policy import write_prompt_settings
@@ -45,17 +46,22 @@ from roleagent_jax.train_step import (
 )
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
 
-GEN_SPLITS = ("gen_seen", "gen_unseen")
 EXPERT_MAX_STEPS = 50
 
 
-def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) -> TaskPool:
-    """Real ALFWorld splits come from the data folder; gen_* splits are generated into the workdir.
+def family_options(config: ConfigDict, family: Family) -> dict:
+    """The family's own settings: the config's `env.<family name>` subtree when it has one."""
+    node = config.env.get(family.name)
+    return dict(node.to_dict()) if node is not None else {}
+
+
+def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
+    """Real data splits come from the family's data folder; its generated splits go into the workdir.
 
     With several processes, process 0 generates and the others then read the same files.
     """
-    if split not in GEN_SPLITS:
-        return TaskPool.from_split(config.env.data_dir or None, split)
+    if split not in family.generated_splits:
+        return family.task_pool(split, data_dir=config.env.data_dir or None)
     g = config.env.gen
     # Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
     # held out from both training sets, and the warm start's (with warmstart.own_games) are never RL's.
@@ -67,27 +73,17 @@ def make_task_pool(config: ConfigDict, split: str, workdir: Path, purpose: str) 
     seed = g.seed + offset
 
     def generate() -> TaskPool:
-        return TaskPool.generated(
-            Path(g.dir or workdir / "games") / f"{purpose}_{split}",
+        return family.task_pool(
+            split,
+            gen_dir=Path(g.dir or workdir / "games") / f"{purpose}_{split}",
             n=n,
             seed=seed,
-            pool="seen" if split == "gen_seen" else "unseen",
-            num_receptacles=g.num_receptacles,
-            num_objects=g.num_objects,
+            options=family_options(config, family),
         )
 
     pool = generate() if distributed.is_main_process() else None
     distributed.sync(f"games/{purpose}/{split}")
     return pool if pool is not None else generate()
-
-
-def success_by_type(trajs) -> dict[str, float]:
-    by_type = defaultdict(list)
-    for t in trajs:
-        by_type[t.task_type].append(float(t.won))
-    out = {k: float(np.mean(v)) for k, v in sorted(by_type.items())}
-    out["all"] = float(np.mean([t.won for t in trajs])) if trajs else 0.0
-    return out
 
 
 class Trainer:
@@ -97,6 +93,7 @@ class Trainer:
         distributed.initialize()
         self.config = apply_algo(validate(config))
         c = self.config
+        self.family = get_family(c.env.name)
         self.workdir = Path(c.workdir).absolute()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.is_main = jax.process_index() == 0
@@ -111,7 +108,7 @@ class Trainer:
             wia_fraction=c.wia.fraction,
             wia_max_tokens=c.wia.max_tokens,
         )
-        self.train_pool = make_task_pool(c, c.env.train_split, self.workdir, "train")
+        self.train_pool = make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
         self.envs = self._env_pool(self.train_pool)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
@@ -178,7 +175,7 @@ class Trainer:
 
     def _env_pool(self, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
         c = self.config.env
-        return EnvPool(pool, num_workers=c.num_workers, step_timeout=c.step_timeout,
+        return EnvPool(self.family, pool, num_workers=c.num_workers, step_timeout=c.step_timeout,
                        max_steps=max_steps or c.max_steps)  # fmt: skip
 
     def _optimizer_steps(self) -> int:
@@ -220,8 +217,8 @@ class Trainer:
         `warmstart.own_games` on a generated split, games of their own. Then RL never trains on a game
         the model has memorised, and its gains are the ones that carry over to unseen games."""
         c = self.config
-        if c.warmstart.own_games and c.env.train_split in GEN_SPLITS:
-            return make_task_pool(c, c.env.train_split, self.workdir, "warmstart")
+        if c.warmstart.own_games and c.env.train_split in self.family.generated_splits:
+            return make_task_pool(c, self.family, c.env.train_split, self.workdir, "warmstart")
         n = min(c.warmstart.n_games or len(self.train_pool), len(self.train_pool))
         return self.train_pool.subset(list(range(n)))
 
@@ -232,14 +229,16 @@ class Trainer:
             # The expert plays to the end even when RL episodes are cut shorter.
             with self._env_pool(pool, EXPERT_MAX_STEPS) as envs:
                 self._experts = expert_episodes(
-                    envs, ids, EXPERT_MAX_STEPS, explore=self.config.warmstart.explore, seed=self.config.seed
-                )
+                    self.family, envs, ids, EXPERT_MAX_STEPS, explore=self.config.warmstart.explore,
+                    seed=self.config.seed,
+                )  # fmt: skip
         return self._experts
 
     def _examples(self):
         c = self.config
         return examples_from_episodes(
             self._expert_trajectories(),
+            self.family,
             c.env.history_k,
             c.wia.horizon,
             predictor=c.warmstart.predictor,
@@ -299,22 +298,23 @@ class Trainer:
         """Every game of `split` once (fixed panel), sampled at the eval temperature."""
         c = self.config
         params = self.state.params if params is None else params
-        pool = self.train_pool if split == c.env.train_split and split not in GEN_SPLITS else None
-        pool = pool or make_task_pool(c, split, self.workdir, "eval")
+        generated = split in self.family.generated_splits
+        pool = self.train_pool if split == c.env.train_split and not generated else None
+        pool = pool or make_task_pool(c, self.family, split, self.workdir, "eval")
         ids = list(range(len(pool)))[: limit or None]
         with self._env_pool(pool) as envs:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
             settings = dataclasses.replace(self.settings, wia_mode="off")
             result = self._collect(gen, envs, ids, ids, settings, 0)
-        return success_by_type(result.trajectories)
+        return success_summary(result.trajectories, self.family.task_types)
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
         """Rollouts of all slots; with several processes each plays its share and the results are merged."""
         multi = jax.process_count() > 1
         share = distributed.process_share(len(task_ids))
         local = collect(
-            generate, envs, task_ids[share.start : share.stop], group_ids[share.start : share.stop],
+            generate, self.family, envs, task_ids[share.start : share.stop], group_ids[share.start : share.stop],
             self.tokenizer, settings, seed=self.config.seed, iteration=it, slot_offset=share.start,
             gather=distributed.allgather_objects if multi else None, rank=jax.process_index(),
         )  # fmt: skip
@@ -398,7 +398,7 @@ class Trainer:
                 np.array([r.traj_id for r in rows]),
                 np.array([r.group_id for r in rows]),
                 np.array([r.step_index for r in rows]),
-                np.array([r.anchor_hash for r in rows], np.uint64),
+                self._anchor_hashes(rows),
                 np.array([r.valid for r in rows]),
                 gamma=c.advantage.gamma,
                 omega=c.advantage.omega,
@@ -408,6 +408,7 @@ class Trainer:
                 return_multiplier=multiplier,
                 credit_invalid=c.advantage.credit_invalid,
                 negative_scale=c.advantage.negative_scale,
+                std_floor=c.advantage.std_floor,
             )
         )
         t_adv = time.perf_counter() - t1
@@ -419,7 +420,7 @@ class Trainer:
             metrics.update(self._aiw(result.trajectories, it))
         t_aiw = time.perf_counter() - t1
 
-        succ = success_by_type(result.trajectories)
+        succ = success_summary(result.trajectories, self.family.task_types)
         metrics.update({f"train/success/{k}": v for k, v in succ.items()})
         metrics.update(update_metrics)
         episode_len = [len(t.steps) for t in result.trajectories]
@@ -461,15 +462,23 @@ class Trainer:
                 SamplingParams(temperature=0.4),
                 jax.random.fold_in(self.state.rng, 10_000 + it),
             )
-            texts = [
-                r.text
-                for r in gen([aiw.analysis_request(t, self.encode_prompt, c.aiw.max_tokens) for t in failed])
+            requests = [
+                aiw.analysis_request(t, self.family, self.encode_prompt, c.aiw.max_tokens) for t in failed
             ]
-        reports = aiw.analyse_failures(failed, texts, max_steps=c.env.max_steps)
-        metrics = aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, c.aiw, it)
+            texts = [r.text for r in gen(requests)]
+        reports = aiw.analyse_failures(failed, self.family, texts, max_steps=c.env.max_steps)
+        metrics = aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it)
         if self.is_main:  # failure-type histogram and most boosted tasks of this round
             tqdm.write(f"[iter {it + 1}] " + aiw.format_round(metrics, self.aiw_state.history[-1]))
         return metrics
+
+    def _anchor_hashes(self, rows) -> np.ndarray:
+        """GiGPO's step-group keys: exact anchors, or near-identical ones merged within a task group when
+        `advantage.anchor_similarity` < 1."""
+        threshold = self.config.advantage.anchor_similarity
+        if threshold >= 1.0:
+            return np.array([r.anchor_hash for r in rows], np.uint64)
+        return similar_anchor_hashes([r.anchor for r in rows], [r.group_id for r in rows], threshold)
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
         """PPO epochs over shuffled fixed-size mini-batches (zero-weight padding rows, one compile).

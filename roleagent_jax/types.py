@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 class Step:
     """One agent turn: what the agent saw, what it said, and what happened."""
 
-    observation: str  # raw environment text the agent acted on (the GiGPO anchor)
-    admissible: list[str]  # admissible commands at that observation
+    observation: str  # raw environment text the agent acted on
+    admissible: list[str] | None  # admissible actions at that observation (None for free-form families)
     response: str  # the model's full response text
     action: str | None  # parsed action, None when the response had no valid action
     valid: bool  # False for an unparsable / inadmissible response
@@ -27,13 +27,14 @@ class Trajectory:
     """One episode of one task by one rollout."""
 
     task_id: int  # index into the task pool
-    task_type: str  # e.g. "pick_clean_then_place_in_recep"
-    goal: str  # the task sentence ("put a clean apple in fridge.")
+    task_type: str  # one of the family's task types, e.g. "pick_clean_then_place_in_recep"
+    goal: str  # the goal sentence ("put a clean apple in fridge.")
     steps: list[Step] = field(default_factory=list)
     won: bool = False
     env_failed: bool = False  # the environment worker crashed or timed out: episode counted as failed
     group_id: int = -1  # task group (one task x G rollouts) inside an iteration
     traj_id: int = -1  # unique within an iteration
+    score: float | None = None  # the family's graded outcome of the last step, where it has one
 
     @property
     def total_reward(self) -> float:

@@ -1,8 +1,8 @@
 """Supervised warm start on expert trajectories, for both roles of the model.
 
-A tiny random model cannot find a single win by chance in ALFWorld, so RL would have nothing to
+A tiny random model cannot find a single win by chance in a text game, so RL would have nothing to
 reinforce; a short imitation phase teaches the answer format, a partial policy (agent role) and the
-game's replies (predictor role, so WIA has something to score). Kept short on purpose: the demo wants
+environment's replies (predictor role, so WIA has something to score). Kept short on purpose: the demo wants
 a model above zero but far from perfect, so that RL has room to show.
 """
 
@@ -18,9 +18,10 @@ import optax
 from flax import nnx
 
 from roleagent_jax import wia
-from roleagent_jax.envs.prompts import build_agent_prompt
+from roleagent_jax.envs.base import Family
+from roleagent_jax.episodes import Move, Turn, play
 from roleagent_jax.train_step import pack_rows
-from roleagent_jax.types import Step, Trajectory
+from roleagent_jax.types import Trajectory
 
 # Token-grid widths of warm-start batches: fine steps where the demo's rows lie, few compiled shapes.
 _SFT_LENGTHS = (64, 96, 128, 160, 192, 224, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -33,87 +34,74 @@ class Example:
     role: str
 
 
+class ExpertAgent:
+    """The episode loop's agent for expert play: the expert's next action is the target of every step,
+    and the action played (see `expert_episodes`)."""
+
+    def __init__(self, family: Family, explore: float, rng: np.random.Generator, replay: bool):
+        self.family, self.explore, self.rng, self.replay = family, explore, rng, replay
+
+    def plan(self, turn: Turn) -> list[str]:
+        """What is left of the expert's plan for this turn's episode."""
+        if self.replay:
+            return list(turn.task.expert_plan or ())[len(turn.history) :]
+        return turn.observation.expert_plan or []
+
+    def keep_playing(self, turn: Turn) -> bool:
+        return bool(self.plan(turn))
+
+    def act(self, step: int, turns: list[Turn]) -> list[Move] | None:
+        if not turns:
+            return None
+        moves = []
+        for turn in turns:
+            label = self.plan(turn)[0]
+            played = _explore_action(self.rng, self.explore, label, turn)
+            moves.append(Move(self.family.format_action(label), played))
+        return moves
+
+
 def expert_episodes(
-    envs, task_ids: Sequence[int], max_steps: int, explore: float = 0.0, seed: int = 0
+    family: Family, envs, task_ids: Sequence[int], max_steps: int, explore: float = 0.0, seed: int = 0
 ) -> list[Trajectory]:
-    """Play each task by following the engine's expert plan; returns the trajectories.
+    """Play each task by following the env's expert plan; returns the trajectories.
 
     With `explore` > 0 the player leaves the plan on that share of steps (a random other admissible
-    command, or a repeat of its last command, which usually gets "Nothing happens.") and the engine
-    replans from wherever it ends up. Every step records the expert's command for the state actually
-    visited as its target (`response`) and the command played as `action`: imitation then also covers
-    the states a learner's own mistakes lead to, which pure expert play never shows (DAgger's point).
+    action, or a repeat of its last action, which usually changes nothing) and the expert replans from
+    wherever it ends up. Every step records the expert's action for the state actually visited as its
+    target (`response`) and the action played as `action`: imitation then also covers the states a
+    learner's own mistakes lead to, which pure expert play never shows (DAgger's point).
 
-    Without exploration, games with a known winning plan (generated games keep the planner's) replay it
-    with the planner off: the same trajectories, without planning every step again.
+    Without exploration, tasks with a known winning plan (generated games keep the planner's) replay it
+    with the expert off: the same trajectories, without planning every step again.
     """
     if not 0.0 <= explore < 1.0:
         raise ValueError(f"explore must be in [0, 1), got {explore}")
     rng = np.random.default_rng(seed)
-    known = getattr(getattr(envs, "pool", None), "expert_plans", {})
+    known = envs.pool.expert_plans
     replay = explore == 0.0 and all(int(t) in known for t in task_ids)
-    resets = envs.reset(list(task_ids), expert=not replay)
-    trajs, obs, infos = [], [], []
-    for tid, (o, info) in zip(task_ids, resets, strict=True):
-        trajs.append(Trajectory(int(tid), info.get("task_type", ""), info.get("goal", "")))
-        obs.append(o)
-        infos.append(info)
-
-    def plan(i: int) -> list[str]:
-        """What is left of the expert's plan for episode i."""
-        if replay:
-            return known[int(task_ids[i])][len(trajs[i].steps) :]
-        return infos[i].get("expert_plan") or []
-
-    active = [i for i in range(len(trajs)) if plan(i)]
-    for _ in range(max_steps):
-        if not active:
-            break
-        labels = {i: plan(i)[0] for i in active}
-        actions = {i: _explore_action(rng, explore, labels[i], infos[i], trajs[i]) for i in active}
-        outcomes = envs.step(actions)
-        still = []
-        for i in active:
-            next_obs, reward, done, info = outcomes[i]
-            trajs[i].steps.append(
-                Step(
-                    obs[i],
-                    list(infos[i].get("admissible_commands", [])),
-                    f"<action>{labels[i]}</action>",
-                    actions[i],
-                    True,
-                    float(reward),
-                    next_obs,
-                    bool(done),
-                )
-            )
-            trajs[i].won = trajs[i].won or bool(info.get("won"))
-            obs[i], infos[i] = next_obs, info
-            if not done and plan(i) and not info.get("env_failed"):
-                still.append(i)
-        active = still
-    return trajs
+    agent = ExpertAgent(family, explore, rng, replay)
+    return play(family, envs, task_ids, agent, max_steps=max_steps, expert=not replay).trajectories
 
 
-def _explore_action(
-    rng: np.random.Generator, explore: float, label: str, info: dict, traj: Trajectory
-) -> str:
+def _explore_action(rng: np.random.Generator, explore: float, label: str, turn: Turn) -> str:
     if explore == 0.0 or rng.random() >= explore:
         return label
-    if traj.steps and rng.random() < 0.3:
-        return traj.steps[-1].action
-    others = [a for a in info.get("admissible_commands", []) if a != label and a != "help"]
+    if turn.history and rng.random() < 0.3:
+        return turn.history[-1][1]
+    others = [a for a in (turn.admissible or []) if a != label and a != "help"]
     return str(rng.choice(others)) if others else label
 
 
 def examples_from_episodes(
     trajs: Sequence[Trajectory],
+    family: Family,
     history_k: int,
     horizon: int,
     predictor: bool,
     predictor_fraction: float = 1.0,
 ) -> list[Example]:
-    """Agent examples (prompt -> <action>a</action>) and predictor examples (-> the next H replies).
+    """Agent examples (prompt -> the expert's answer) and predictor examples (-> the next H observations).
 
     `predictor_fraction` keeps that share of the predictor examples (a fixed, evenly spread subset): their
     long targets would otherwise take most of a tiny model's capacity away from acting.
@@ -125,16 +113,14 @@ def examples_from_episodes(
             continue
         history: list[tuple[str, str]] = []
         for t, step in enumerate(traj.steps):
-            recent = history[-history_k:] if history_k else []
-            prompt = build_agent_prompt(traj.goal, recent, step.observation, step.admissible, t, k=history_k)
-            out.append(Example(prompt, step.response, "agent"))  # the expert's command for this state
+            prompt = family.agent_prompt(traj.goal, history, step.observation, step.admissible, t, history_k)
+            out.append(Example(prompt, step.response, "agent"))  # the expert's answer for this state
             kept += predictor_fraction
             if predictor and kept >= 1.0:
                 kept -= 1.0
                 future = [s.next_observation for s in traj.steps[t : t + horizon]]
-                p_prompt = wia.build_predictor_prompt(
-                    traj.goal, recent, step.observation, step.action, horizon
-                )
+                recent = history[-history_k:] if history_k else []
+                p_prompt = family.predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
                 out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
             history.append((step.observation, step.action))
     return out

@@ -34,40 +34,6 @@ INLINE_TAG = "predict_next"  # inline mode: the agent writes <predict_next>...</
 _WS = re.compile(r"\s+")
 
 
-@dataclass(frozen=True)
-class WIAConfig:
-    """Options of the prediction reward (validated on construction)."""
-
-    mode: str = "separate"  # "separate" (paper: own predictor prompt), "inline" (public code), "off"
-    horizon: int = 2  # H: future observations predicted per step (separate mode; inline is always 1)
-    lam: float = 1.0  # λ in R_t = G_t * (1 + λ R_pre)
-    fraction: float = 1.0  # share of steps that get a prediction (seeded, to bound cost)
-    max_prediction_tokens: int = 96
-    backend: str = "rapidfuzz"
-    discount: float | None = None  # None: plain mean over horizons; else weights discount**(h-1)
-    history_k: int = 1  # (observation, action) pairs shown to the predictor
-    obs_chars: int = 240  # per-observation character cap inside the predictor prompt
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"wia.mode must be one of {MODES}, got {self.mode!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"wia.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.horizon < 1:
-            raise ValueError(f"wia.horizon must be >= 1, got {self.horizon}")
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"wia.fraction must be in [0, 1], got {self.fraction}")
-        if self.lam < 0:
-            raise ValueError(
-                f"wia.lam must be >= 0 (a negative λ would punish good predictions), got {self.lam}"
-            )
-        if self.discount is not None and not 0.0 < self.discount <= 1.0:
-            raise ValueError(f"wia.discount must be None or in (0, 1], got {self.discount}")
-        if self.max_prediction_tokens < 1 or self.history_k < 0 or self.obs_chars < 1:
-            raise ValueError("wia.max_prediction_tokens and wia.obs_chars must be >= 1, wia.history_k >= 0")
-
-
 # ----------------------------------------------------------------------------- similarity
 
 
@@ -121,7 +87,7 @@ def build_predictor_prompt(
     action: str,
     horizon: int,
     *,
-    framing=None,
+    framing,
     history_k: int = 1,
     obs_chars: int = 240,
 ) -> str:
@@ -380,25 +346,3 @@ def return_multiplier(r_pre: np.ndarray | float, lam: float = 1.0) -> np.ndarray
     if np.any((r < 0) | (r > 1)) or not np.all(np.isfinite(r)):
         raise ValueError("R_pre values must lie in [0, 1]")
     return (1.0 + np.float32(lam) * r).astype(np.float32)
-
-
-def discounted_returns(rewards: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
-    """G_t = r_t + γ G_{t+1} for one trajectory (float64 [T])."""
-    r = np.asarray(rewards, dtype=np.float64)
-    g = np.zeros_like(r)
-    acc = 0.0
-    for t in range(len(r) - 1, -1, -1):
-        acc = r[t] + gamma * acc
-        g[t] = acc
-    return g
-
-
-def shaped_returns(
-    rewards: Sequence[float] | np.ndarray, r_pre: Sequence[float] | np.ndarray, gamma: float, lam: float = 1.0
-) -> np.ndarray:
-    """R_t = G_t · (1 + λ R_pre(a_t)) for one trajectory: a failed episode (all rewards 0) stays exactly 0."""
-    r = np.asarray(rewards, dtype=np.float64)
-    p = np.asarray(r_pre, dtype=np.float64)
-    if r.shape != p.shape:
-        raise ValueError(f"rewards {r.shape} and r_pre {p.shape} must have the same shape")
-    return discounted_returns(r, gamma) * return_multiplier(p, lam).astype(np.float64)

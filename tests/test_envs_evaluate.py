@@ -5,7 +5,10 @@ import json
 import pytest
 
 from roleagent_jax import evaluate as ev
-from roleagent_jax.envs import EnvPool, TaskPool
+from roleagent_jax.envs import EnvPool, get_family
+from roleagent_jax.types import Step, Trajectory
+
+ALFWORLD = get_family("alfworld")
 
 
 @pytest.fixture(scope="module")
@@ -14,15 +17,18 @@ def gen_root(tmp_path_factory):
 
 
 def test_panel_does_not_depend_on_workers_or_batching(gen_root):
-    pool = TaskPool.for_split("gen_seen", gen_dir=gen_root, gen_n=6, gen_seed=1)
-    policy = ev.RandomPolicy(seed=3)
-    with EnvPool(pool, num_workers=1, step_timeout=60) as envs:
-        a = ev.run_episodes(policy, envs, list(range(6)), max_steps=6)
-    with EnvPool(pool, num_workers=2, step_timeout=60) as envs:
-        b = ev.run_episodes(policy, envs, [0, 1, 2, 3], max_steps=6) + ev.run_episodes(
-            policy, envs, [4, 5], 6
+    pool = ALFWORLD.task_pool("gen_seen", gen_dir=gen_root, n=6, seed=1)
+    policy = ev.RandomPolicy(ALFWORLD, seed=3)
+    with EnvPool(ALFWORLD, pool, num_workers=1, step_timeout=60) as envs:
+        a = ev.run_episodes(policy, ALFWORLD, envs, list(range(6)), max_steps=6)
+    with EnvPool(ALFWORLD, pool, num_workers=2, step_timeout=60) as envs:
+        b = ev.run_episodes(policy, ALFWORLD, envs, [0, 1, 2, 3], max_steps=6) + ev.run_episodes(
+            policy, ALFWORLD, envs, [4, 5], 6
         )
-    assert a == b
+    def played(trajs):  # what happened, not where in the batch it was played
+        return [(t.task_id, t.task_type, t.won, t.steps, t.env_failed) for t in trajs]
+
+    assert played(a) == played(b)
     assert [r.task_id for r in a] == list(range(6))
 
 
@@ -43,15 +49,23 @@ def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     assert "alfworld-download" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ev.main(["--split=gen_seen", f"--gen-dir={tmp_path}", "--checkpoint=/nonexistent"])
+    with pytest.raises(SystemExit):
+        ev.main(["--env=nope", "--split=gen_seen"])
+    assert "unknown environment 'nope'; known: alfworld" in capsys.readouterr().err
+
+
+def episode(task_id: int, task_type: str, won: bool, steps: int, invalid: int) -> Trajectory:
+    moves = [Step("o", ["a"], "", None if k < invalid else "a", k >= invalid, 0.0, "o") for k in range(steps)]
+    return Trajectory(task_id, task_type, "goal", moves, won=won)
 
 
 def test_summary_per_type():
     rs = [
-        ev.EpisodeResult(0, "pick_two_obj_and_place", True, 5, 0, False),
-        ev.EpisodeResult(1, "pick_two_obj_and_place", False, 50, 2, False),
-        ev.EpisodeResult(2, "look_at_obj_in_light", True, 4, 0, False),
+        episode(0, "pick_two_obj_and_place", True, 5, 0),
+        episode(1, "pick_two_obj_and_place", False, 50, 2),
+        episode(2, "look_at_obj_in_light", True, 4, 0),
     ]
-    s = ev.summarize("x", rs)
+    s = ev.summarize("x", rs, ALFWORLD.task_types)
     assert s["n"] == 3 and s["success"] == pytest.approx(2 / 3)
     assert list(s["per_type"]) == ["look_at_obj_in_light", "pick_two_obj_and_place"]
     assert s["per_type"]["pick_two_obj_and_place"] == 0.5 and s["invalid_rate"] == pytest.approx(2 / 59)
@@ -63,9 +77,9 @@ def test_seed_reaches_the_model_policy(monkeypatch):
 
     seen = {}
 
-    def record(checkpoint, temperature=0.4, seed=0):
+    def record(checkpoint, family, temperature=0.4, seed=0):
         seen.update(checkpoint=checkpoint, temperature=temperature, seed=seed)
 
     monkeypatch.setattr(policy, "ModelPolicy", record)
-    ev.make_policy("expert", 7, "ckpt", 0.7)
+    ev.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD)
     assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7}

@@ -8,25 +8,31 @@ from pathlib import Path
 import alfworld.gen.constants as C
 import pytest
 
-from roleagent_jax.envs import TASK_TYPES, AlfWorldEnv, TaskPool, procgen
-from roleagent_jax.envs.alfworld import WIN_REWARD
+from roleagent_jax.envs import TaskPool
+from roleagent_jax.envs.alfworld import procgen
+from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
+from roleagent_jax.envs.alfworld.games import TASK_TYPES, WIN_REWARD, generated_pool
+
+
+def game_files(pool: TaskPool) -> list[str]:
+    return [t.payload for t in pool.tasks]
 
 
 def play_expert(
     pool: TaskPool, max_steps: int = 50, expert_type: str = "planner"
 ) -> list[tuple[bool, int, list[str]]]:
     """Play every game with alfworld's expert on the engine: (won, steps, observations) per game."""
-    env = AlfWorldEnv(max_steps=max_steps, expert_plan=True, expert_type=expert_type)
+    env = AlfWorldEnv(max_steps=max_steps, expert_type=expert_type)
     out = []
-    for game in pool.game_files:
-        obs, info = env.reset(game)
-        seen, total, done = [obs], 0.0, False
-        while not done:
-            obs, reward, done, info = env.step(info["expert_plan"][0] if info["expert_plan"] else "look")
-            seen.append(obs)
-            total += reward
-        assert total == (WIN_REWARD if info["won"] else 0.0)
-        out.append((info["won"], info["step"], seen))
+    for task in pool.tasks:
+        obs = env.reset(task, expert=True)
+        seen, total = [obs.text], 0.0
+        while not obs.done:
+            obs = env.step(obs.expert_plan[0] if obs.expert_plan else "look")
+            seen.append(obs.text)
+            total += obs.reward
+        assert total == (WIN_REWARD if obs.won else 0.0)
+        out.append((obs.won, obs.info["step"], seen))
     return out
 
 
@@ -37,7 +43,7 @@ def gen_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def seen12(gen_dir) -> TaskPool:
-    return TaskPool.generated(gen_dir, n=12, seed=3, pool="seen")
+    return generated_pool(gen_dir, n=12, seed=3, pool="seen")
 
 
 def test_two_games_per_type_all_won_by_the_expert(seen12):
@@ -53,15 +59,14 @@ def test_two_games_per_type_all_won_by_the_expert(seen12):
 
 def test_text_is_alfworlds(seen12):
     env = AlfWorldEnv(max_steps=50)
-    for i, game in enumerate(seen12.game_files):
-        obs, info = env.reset(game)
-        assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
-        assert "You are in the middle of a room. Looking quickly around you, you see" in obs
-        assert f"Your task is to: {seen12.goals[i]}" in obs
-        go = [c for c in info["admissible_commands"] if c.startswith("go to ")]
-        assert go, info["admissible_commands"]
-        obs, *_ = env.step(go[0])
-        assert obs.startswith("You arrive at ")
+    for i, game in enumerate(game_files(seen12)):
+        obs = env.reset(game)
+        assert obs.text.startswith("-= Welcome to TextWorld, ALFRED! =-")
+        assert "You are in the middle of a room. Looking quickly around you, you see" in obs.text
+        assert f"Your task is to: {seen12.goals[i]}" in obs.text
+        go = [c for c in obs.admissible if c.startswith("go to ")]
+        assert go, obs.admissible
+        assert env.step(go[0]).text.startswith("You arrive at ")
 
 
 def test_handcoded_expert_also_solves_most(seen12):
@@ -111,7 +116,7 @@ def test_parallel_generation_writes_the_same_files_as_serial(tmp_path, monkeypat
 
 def combos_of(pool: TaskPool) -> set[tuple]:
     out = set()
-    for f in pool.game_files:
+    for f in game_files(pool):
         traj = json.loads((Path(f).parent / "traj_data.json").read_text())
         p = traj["pddl_params"]
         out.add(
@@ -125,7 +130,7 @@ def test_seen_and_unseen_are_disjoint(gen_dir, seen12):
         seen, unseen = set(procgen.pool_combinations(t, "seen")), set(procgen.pool_combinations(t, "unseen"))
         assert seen and unseen and not seen & unseen
         assert seen | unseen == set(procgen.task_combinations(t))
-    unseen6 = TaskPool.generated(gen_dir, n=6, seed=3, pool="unseen")
+    unseen6 = generated_pool(gen_dir, n=6, seed=3, pool="unseen")
     assert Counter(unseen6.task_types) == {t: 1 for t in TASK_TYPES}
     a, b = combos_of(seen12), combos_of(unseen6)
     assert not a & b
@@ -155,7 +160,7 @@ def test_problem_has_the_structure_of_real_games(seen12):
         "receptacleAtLocation", "objectAtLocation", "isReceptacleObject", "cleanable", "heatable", "coolable",
         "toggleable",
     }  # fmt: skip
-    for f in seen12.game_files:
+    for f in game_files(seen12):
         game = json.loads(Path(f).read_text())
         assert set(game) == {"pddl_domain", "grammar", "pddl_problem", "solvable"} and game["solvable"]
         assert game["pddl_domain"] == procgen.DOMAIN_FILE.read_text()
@@ -168,10 +173,10 @@ def test_problem_has_the_structure_of_real_games(seen12):
 
 
 def test_size_settings(tmp_path):
-    pool = TaskPool.generated(
+    pool = generated_pool(
         tmp_path, n=6, seed=5, pool="seen", num_receptacles=4, num_objects=0, extra_targets=0
     )
-    for f in pool.game_files:
+    for f in game_files(pool):
         problem = json.loads(Path(f).read_text())["pddl_problem"]
         objects = problem[problem.index("(:objects") : problem.index("(:init")]
         assert objects.count(" - receptacle\n") == 4
@@ -180,44 +185,45 @@ def test_size_settings(tmp_path):
     with pytest.raises(ValueError):
         procgen.GenSize(num_receptacles=(6, 4)).ranges()
     with pytest.raises(ValueError):
-        TaskPool.generated(tmp_path, n=2, seed=0, pool="other")
+        generated_pool(tmp_path, n=2, seed=0, pool="other")
 
 
 @pytest.mark.slow
 def test_two_hundred_games_all_won(tmp_path):
-    pool = TaskPool.generated(tmp_path, n=200, seed=0, pool="seen")
+    pool = generated_pool(tmp_path, n=200, seed=0, pool="seen")
     assert Counter(pool.task_types) == {t: 200 // 6 + (i < 200 % 6) for i, t in enumerate(TASK_TYPES)}
     results = play_expert(pool)
     assert all(won for won, _, _ in results)
-    unseen = TaskPool.generated(tmp_path, n=60, seed=0, pool="unseen")
+    unseen = generated_pool(tmp_path, n=60, seed=0, pool="unseen")
     assert all(won for won, _, _ in play_expert(unseen))
     assert not combos_of(pool) & combos_of(unseen)
 
 
 def test_expert_replans_after_a_detour(seen12):
     """Leaving the plan (a wrong first move) makes the expert replan from the current state; it still wins."""
-    env = AlfWorldEnv(max_steps=30, expert_plan=True)
-    for game in seen12.game_files[::2]:
-        obs, info = env.reset(game)
-        plan = info["expert_plan"]
-        detour = next(c for c in info["admissible_commands"] if c.startswith("go to ") and c != plan[0])
-        obs, _, done, info = env.step(detour)
-        assert info["expert_plan"] and info["expert_plan"] != plan[1:]
-        while not done:
-            obs, _, done, info = env.step(info["expert_plan"][0])
-        assert info["won"], game
+    env = AlfWorldEnv(max_steps=30)
+    for game in game_files(seen12)[::2]:
+        obs = env.reset(game, expert=True)
+        plan = obs.expert_plan
+        detour = next(c for c in obs.admissible if c.startswith("go to ") and c != plan[0])
+        obs = env.step(detour)
+        assert obs.expert_plan and obs.expert_plan != plan[1:]
+        while not obs.done:
+            obs = env.step(obs.expert_plan[0])
+        assert obs.won, game
 
 
 def test_games_share_one_parsed_grammar_yet_play_like_plain_textworld(seen12):
     """Only the task sentence differs between games' grammars: the cached logic is parsed once and given
     each game's sentence. Every rule must equal a whole parse, and play must match plain textworld in a
-    process of its own (our module memoizes textworld's parsers in this one)."""
+    process of its own (with textworld's parsers memoized in this one, as in a worker)."""
     from textworld.envs.pddl.logic import GameLogic
     from textworld_reference import transcript
 
-    from roleagent_jax.envs.alfworld import _logic_for
+    from roleagent_jax.envs.alfworld.engine import _logic_for, memoize_textworld_parsers
 
-    games = seen12.game_files[:4]  # four task types, four sentences
+    memoize_textworld_parsers(True)  # as in an env worker
+    games = game_files(seen12)[:4]  # four task types, four sentences
     for game in games:
         data = json.loads(Path(game).read_text())
         ours = _logic_for(data["pddl_domain"], data["grammar"])
@@ -230,13 +236,13 @@ def test_games_share_one_parsed_grammar_yet_play_like_plain_textworld(seen12):
     refs = {game: transcript(game, 5, 2, 6) for game in games}
     for game in games + games[:1]:  # back to the first: its logic comes from the cache
         ref = refs[game]
-        obs, info = env.reset(game)
-        assert [obs, info["admissible_commands"]] == ref[0]
-        assert "Your task is to: " + info["goal"] in obs
+        obs = env.reset(game)
+        assert [obs.text, obs.admissible] == ref[0]
+        assert "Your task is to: " + obs.info["goal"] in obs.text
         for k in range(6):
-            cmds = info["admissible_commands"]
-            obs, _, _, info = env.step(cmds[(5 * k + 2) % len(cmds)])
-            assert [obs, info["admissible_commands"]] == ref[k + 1]
+            cmds = obs.admissible
+            obs = env.step(cmds[(5 * k + 2) % len(cmds)])
+            assert [obs.text, obs.admissible] == ref[k + 1]
 
 
 def test_memoized_parsers_hand_out_fresh_symbols_and_can_be_undone():
@@ -244,8 +250,9 @@ def test_memoized_parsers_hand_out_fresh_symbols_and_can_be_undone():
     from textworld.envs.pddl import textgen
     from textworld.logic import Rule
 
-    from roleagent_jax.envs.alfworld import memoize_textworld_parsers
+    from roleagent_jax.envs.alfworld.engine import memoize_textworld_parsers
 
+    memoize_textworld_parsers(True)  # what an ALFWorld worker does when it starts
     text = "You arrive at {r.name}. #examineReceptacle.feedback# [{o.name | inreceptacle(o, r)}]"
     query = "inreceptacle(o, r)"
     first = textgen._parse_and_convert(text, rule_name="symbols")
@@ -262,3 +269,21 @@ def test_memoized_parsers_hand_out_fresh_symbols_and_can_be_undone():
     finally:
         memoize_textworld_parsers(True)
     assert Rule.parse_conjunctive_query(query) is Rule.parse_conjunctive_query(query)
+
+
+def test_parser_memo_is_applied_by_the_worker_start_not_by_an_import():
+    """Importing the engine leaves textworld as it is; the family's worker start-up turns the memo on."""
+    import subprocess
+    import sys
+
+    code = (
+        "from textworld.envs.pddl import textgen\n"
+        "plain = textgen._parse_and_convert\n"
+        "import roleagent_jax.envs.alfworld.engine\n"
+        "from roleagent_jax.envs import get_family\n"
+        "assert textgen._parse_and_convert is plain, 'memoized at import'\n"
+        "get_family('alfworld').start_worker()\n"
+        "assert textgen._parse_and_convert is not plain, 'not memoized by start_worker'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -4,27 +4,30 @@ import numpy as np
 import pytest
 
 from roleagent_jax import wia
-from roleagent_jax.envs import EnvPool, TaskPool
+from roleagent_jax.envs import EnvPool, get_family
 from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import SampleResult
 from roleagent_jax.tokenizer import train_bpe_tokenizer
 
 
+ALFWORLD = get_family("alfworld")
+
+
 class SpyPool:
-    """Forwards to a real EnvPool and remembers each slot's latest info and the last step's outcomes."""
+    """Forwards to a real EnvPool and remembers each slot's latest observation and the last step's."""
 
     def __init__(self, envs):
-        self.envs, self.info, self.last_outcomes = envs, {}, {}
+        self.envs, self.pool, self.info, self.last_outcomes = envs, envs.pool, {}, {}
 
     def reset(self, task_ids):
         out = self.envs.reset(task_ids)
-        self.info = {i: info for i, (_, info) in enumerate(out)}
+        self.info = dict(enumerate(out))
         return out
 
     def step(self, actions):
         out = self.envs.step(actions)
         self.last_outcomes = out
-        self.info.update({i: o[3] for i, o in out.items()})
+        self.info.update(out)
         return out
 
 
@@ -50,11 +53,11 @@ class ScriptedModel:
         out, k = [], 0
         for r in requests:
             if r.role == "agent":
-                plan = self.spy.info[agent_slots[k]].get("expert_plan") or ["look"]
+                plan = self.spy.info[agent_slots[k]].expert_plan or ["look"]
                 text = f"<think>follow the plan</think><action>{plan[0]}</action>"
                 k += 1
             else:
-                obs = predicted.pop(0)[0]
+                obs = predicted.pop(0).text
                 text = wia.format_predictions([obs if self.perfect else "a banana 7"])
             out.append(SampleResult([1, 2, 3], [-0.5, -0.5, -0.5], text, "stop", r.role))
         return out
@@ -63,11 +66,13 @@ class ScriptedModel:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
-    pool = TaskPool.generated(root / "games", n=4, seed=3, pool="seen", num_receptacles=4, num_objects=2)
+    pool = ALFWORLD.task_pool(
+        "gen_seen", gen_dir=root / "games", n=4, seed=3, options={"num_receptacles": 4, "num_objects": 2}
+    )
     tok = train_bpe_tokenizer(
         ["You arrive at cabinet 1. <action>go to fridge 1</action>"] * 10, 300, root / "tok"
     )
-    envs = EnvPool(pool, num_workers=2, max_steps=20, expert_plan=True)
+    envs = EnvPool(ALFWORLD, pool, num_workers=2, max_steps=20, expert=True)
     yield pool, tok, envs
     envs.close()
 
@@ -86,7 +91,7 @@ def run(setup, mode, perfect=True):
 
     def step(actions):
         out = original_step(actions)
-        done_slots.update(i for i, o in out.items() if o[2])
+        done_slots.update(i for i, o in out.items() if o.done)
         return out
 
     spy.step = step
@@ -100,7 +105,7 @@ def run(setup, mode, perfect=True):
         wia_fraction=1.0,
     )
     task_ids = [0, 0, 1, 1, 2, 2, 3, 3]
-    result = collect(generate, spy, task_ids, [0, 0, 1, 1, 2, 2, 3, 3], tok, settings)
+    result = collect(generate, ALFWORLD, spy, task_ids, [0, 0, 1, 1, 2, 2, 3, 3], tok, settings)
     return result, model
 
 

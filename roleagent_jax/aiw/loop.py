@@ -9,16 +9,19 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from roleagent_jax.aiw.heuristic import heuristic_analyse
 from roleagent_jax.aiw.memory import FailureMemory
 from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
 from roleagent_jax.aiw.retrieval import TaskIndex, retrieve_many
 from roleagent_jax.aiw.task_sampler import TaskSampler
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, taxonomy
 from roleagent_jax.types import Trajectory
+
+if TYPE_CHECKING:
+    from roleagent_jax.envs.base import Family
 
 TOP_BOOSTED = 8
 
@@ -62,35 +65,39 @@ def _cfg(cfg, name: str, default):
     return default if value is None else value
 
 
-def analysis_request(traj: Trajectory, encode: Callable[[str], list[int]], max_tokens: int, **prompt_kw):
+def analysis_request(
+    traj: Trajectory, family: Family, encode: Callable[[str], list[int]], max_tokens: int, **prompt_kw
+):
     """A sampler request for the analyst role (imported lazily: AIW itself stays free of JAX)."""
     from roleagent_jax.sampling import SampleRequest
 
     return SampleRequest(
-        encode(build_analysis_prompt(traj, **prompt_kw)), max_tokens, stop=(ANALYSIS_STOP,), role="analyst"
+        encode(build_analysis_prompt(traj, family, **prompt_kw)),
+        max_tokens,
+        stop=(ANALYSIS_STOP,),
+        role="analyst",
     )
 
 
 def analyse_failures(
     trajs: Sequence[Trajectory],
+    family: Family,
     texts: Sequence[str] | None = None,
-    env: str = "alfworld",
     max_steps: int = 50,
 ) -> list[FailureReport]:
-    """Heuristic reports, or parsed LLM answers with the heuristic standing in for unusable ones.
-
-    A replaced answer keeps its raw text on the heuristic report, so bad analyses stay inspectable.
+    """The family's heuristic reports, or parsed LLM answers with the heuristic standing in for unusable
+    ones. A replaced answer keeps its raw text on the heuristic report, so bad analyses stay inspectable.
     """
     if texts is None:
-        return [heuristic_analyse(t, max_steps) for t in trajs]
+        return [family.analyse_failure(t, max_steps) for t in trajs]
     if len(texts) != len(trajs):
         raise ValueError(f"{len(texts)} analyses for {len(trajs)} trajectories")
     out = []
     for t, text in zip(trajs, texts):
-        rep = parse_failure_report(text, env)
+        rep = parse_failure_report(text, family)
         if not rep.usable:
             raw = rep.raw
-            rep = heuristic_analyse(t, max_steps)
+            rep = family.analyse_failure(t, max_steps)
             rep.raw = raw
         out.append(rep)
     return out
@@ -101,12 +108,12 @@ def aiw_round(
     failed_trajs: Sequence[Trajectory],
     reports: Sequence[FailureReport],
     pool,
+    family: Family,
     cfg,
     iteration: int,
     *,
     embed_fn: Callable[[list[str]], np.ndarray] | None = None,
     choose_fn: Callable[[list[str]], list[str]] | None = None,
-    env: str = "alfworld",
 ) -> dict[str, float]:
     """Add the reports to memory, retrieve similar tasks, update the sampler; returns scalar metrics.
 
@@ -121,7 +128,7 @@ def aiw_round(
     if aggregate not in ("max", "sum"):
         raise ValueError(f"aiw.aggregate must be 'max' or 'sum', got {aggregate!r}")
     if state.index is None or len(state.index) != len(pool.goals if hasattr(pool, "goals") else pool):
-        state.index = TaskIndex.build(pool)
+        state.index = TaskIndex.build(pool, family)
     index = state.index
     if len(index) != state.sampler.n_tasks:
         raise ValueError(f"pool has {len(index)} tasks but the sampler {state.sampler.n_tasks}")
@@ -132,6 +139,7 @@ def aiw_round(
     hits = retrieve_many(
         [r for _, r in pairs],
         index,
+        family,
         state.memory,
         mode=_cfg(cfg, "retrieval", "fuzzy"),
         k=int(_cfg(cfg, "top_k", 3)),
@@ -166,7 +174,7 @@ def aiw_round(
             "entropy": entropy,
         }
     )
-    metrics = {f"aiw/fail/{name}": float(counts.get(name, 0)) for name in taxonomy(env)}
+    metrics = {f"aiw/fail/{name}": float(counts.get(name, 0)) for name in taxonomy(family)}
     metrics.update({f"aiw/share/{tt}": v for tt, v in share.items()})
     metrics.update(
         {

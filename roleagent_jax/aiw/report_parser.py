@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from roleagent_jax.aiw.taxonomy import DESCRIPTIONS, UNKNOWN, FailureReport, normalize_failure_type, taxonomy
+from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, normalize_failure_type, taxonomy
 from roleagent_jax.types import Trajectory
+
+if TYPE_CHECKING:
+    from roleagent_jax.envs.base import Family
 
 ANALYSIS_STOP = "</analysis>"
 FIELDS = ("FAILURE_TYPE", "DETAIL", "CRITICAL_STEP", "LESSON", "QUERY")
@@ -24,10 +28,10 @@ def _clip(text: str, n: int) -> str:
 
 def build_analysis_prompt(
     traj: Trajectory,
+    family: Family,
     max_steps_shown: int = 12,
     *,
     obs_chars: int = 120,
-    env: str = "alfworld",
     describe_types: bool = True,
 ) -> str:
     """Ask the policy why ``traj`` failed, in five fixed lines that ``parse_failure_report`` reads.
@@ -36,7 +40,7 @@ def build_analysis_prompt(
     ``max_steps_shown - 2`` with a marker for the omitted middle, because failures usually become
     irreversible late and the opening sets the context.
     """
-    names = [n for n in taxonomy(env) if n != UNKNOWN]
+    names = [n for n in taxonomy(family) if n != UNKNOWN]
     steps = list(enumerate(traj.steps, 1))
     if len(steps) > max_steps_shown:
         head = max(0, min(2, max_steps_shown - 1))
@@ -45,7 +49,7 @@ def build_analysis_prompt(
         shown = steps
     outcome = "environment error" if traj.env_failed else f"failed after {len(traj.steps)} steps"
     lines = [
-        "You review a failed attempt at a household text game and explain why it failed.",
+        family.analysis_intro,
         f"Task: {_clip(traj.goal, 160)} (type: {traj.task_type})",
         f"Outcome: {outcome}",
     ]
@@ -58,7 +62,7 @@ def build_analysis_prompt(
         lines.append(f"{i}. {_clip(act, 80)} -> {_clip(s.next_observation, obs_chars)}")
     if describe_types:
         lines.append("Failure types:")
-        lines.extend(f"- {n}: {DESCRIPTIONS[env][n]}" for n in names)
+        lines.extend(f"- {n}: {family.failure_types[n]}" for n in names)
     else:
         lines.append("Failure types: " + ", ".join(names))
     lines += [
@@ -158,21 +162,23 @@ def _first_int(text: str) -> int | None:
     return int(m.group()) if m else None
 
 
-def parse_failure_report(text: str, env: str = "alfworld") -> FailureReport:
+def parse_failure_report(text: str, family: Family) -> FailureReport:
     """A ``FailureReport`` from the analyst's answer; never raises.
 
     Field names are matched in any case with the paper's and seed's synonyms, through markdown,
     bullets, numbering, JSON-ish quoting, one-line answers and extra prose. The type is normalised
-    onto the environment's taxonomy; with no type field, a single taxonomy name found anywhere in the
+    onto the family's taxonomy; with no type field, a single taxonomy name found anywhere in the
     answer is used. An unusable answer gives ``unknown`` with the raw text kept (capped).
     """
     raw = text if isinstance(text, str) else ""
     try:
         raw = _CONTROL.sub(" ", raw[:MAX_INPUT_CHARS].split(ANALYSIS_STOP)[0])
         fields = _split_fields(raw)
-        ftype = normalize_failure_type(fields.get("failure_type", ""), env)
+        ftype = normalize_failure_type(fields.get("failure_type", ""), family)
         if ftype == UNKNOWN and not fields.get("failure_type"):
-            names = {n for n in taxonomy(env) if n != UNKNOWN and re.search(rf"\b{n}\b", raw, re.IGNORECASE)}
+            names = {
+                n for n in taxonomy(family) if n != UNKNOWN and re.search(rf"\b{n}\b", raw, re.IGNORECASE)
+            }
             if len(names) == 1:
                 ftype = names.pop()
         step = _first_int(fields.get("critical_step", ""))

@@ -1,11 +1,12 @@
 """Retrieval: which tasks of the pool are likely to fail the way an analysed failure did.
 
-Matching is by task *pattern* (clean-then-place, heat-then-place, ...), never by the surface object,
-so a failure on "put a clean apple in fridge" pulls every clean-then-place task whatever its object.
+Matching is by task *pattern* (the family's: ALFWorld's clean-then-place, heat-then-place, ...), never
+by the surface entities, so a failure on "put a clean apple in fridge" pulls every clean-then-place task
+whatever its object.
 
 - ``fuzzy``: the report's query (then its lesson, then the failed task's own type) is matched with
-  rapidfuzz against the distinctive keywords of each pattern (``clean``/``sinkbasin``, ``heat``/
-  ``microwave``...; a query word counts when it starts with the keyword or, both being 4+ letters,
+  rapidfuzz against the distinctive keywords of each pattern (``Family.pattern_keywords``, e.g.
+  ``clean``/``sinkbasin``, ``heat``/``microwave``...; a query word counts when it starts with the keyword or, both being 4+ letters,
   has rapidfuzz ratio >= ``KEYWORD_MIN`` to it). Pattern similarity = best keyword score / 100 (0 below the threshold). Past reports in the
   memory with the same failure type and a similar query (token-set ratio >= ``MEMORY_MIN``) add their
   tasks with ``MEMORY_WEIGHT`` x that ratio. A task's similarity is the max of the two.
@@ -25,13 +26,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rapidfuzz import fuzz, utils
 
 from roleagent_jax.aiw.memory import FailureMemory
-from roleagent_jax.aiw.patterns import abstract_goal, pattern_name, pattern_text
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+
+if TYPE_CHECKING:
+    from roleagent_jax.envs.base import Family
 
 MODES = ("fuzzy", "embedding", "llm")
 KEYWORD_MIN = 80.0
@@ -40,31 +44,25 @@ MEMORY_WEIGHT = 0.8
 MEMORY_SCAN = 2000  # only the most recent records are compared (bounded cost per round)
 LLM_MIN_SIM = 0.5
 
-# distinctive words per task type; multi-word keys are matched as phrases (partial ratio)
-PATTERN_KEYWORDS: dict[str, tuple[str, ...]] = {
-    "pick_and_place_simple": ("pick and place", "simple place"),
-    "look_at_obj_in_light": ("look", "lamp", "desklamp", "light", "examine"),
-    "pick_clean_then_place_in_recep": ("clean", "sink", "sinkbasin", "wash", "rinse"),
-    "pick_heat_then_place_in_recep": ("heat", "hot", "microwave", "warm"),
-    "pick_cool_then_place_in_recep": ("cool", "cold", "fridge", "chill"),
-    "pick_two_obj_and_place": ("two", "both", "pair", "second"),
-}
-
 
 @dataclass
 class TaskIndex:
-    """The pool seen at pattern level: distinct task types and each task's type index."""
+    """The pool seen at pattern level (through its family): distinct task types and each task's type index."""
 
     goals: list[str]
     task_types: list[str]
     types: list[str]  # distinct task types, sorted
     type_index: np.ndarray  # int [N]: task -> index into ``types``
+    family: Family
 
     @classmethod
-    def build(cls, pool) -> TaskIndex:
-        """From anything with ``goals`` and ``task_types`` (e.g. ``envs.TaskPool``) or a TaskIndex."""
+    def build(cls, pool, family: Family | None = None) -> TaskIndex:
+        """From anything with ``goals`` and ``task_types`` (e.g. ``envs.TaskPool``) and its family, or a
+        TaskIndex (returned as it is)."""
         if isinstance(pool, TaskIndex):
             return pool
+        if family is None:
+            raise ValueError("TaskIndex.build needs the pool's family")
         goals, types = list(pool.goals), list(pool.task_types)
         if len(goals) != len(types) or not goals:
             raise ValueError(
@@ -72,13 +70,14 @@ class TaskIndex:
             )
         distinct = sorted(set(types))
         pos = {t: i for i, t in enumerate(distinct)}
-        return cls(goals, types, distinct, np.array([pos[t] for t in types], np.int64))
+        return cls(goals, types, distinct, np.array([pos[t] for t in types], np.int64), family)
 
     def __len__(self) -> int:
         return len(self.goals)
 
     def description(self, task: int) -> str:
-        return f"{pattern_text(self.task_types[task])} | {abstract_goal(self.goals[task], self.task_types[task])}"
+        tt = self.task_types[task]
+        return f"{self.family.pattern_text(tt)} | {self.family.abstract_goal(self.goals[task], tt)}"
 
 
 def _keyword_score(keyword: str, text: str, words: list[str]) -> float:
@@ -93,11 +92,11 @@ def _keyword_score(keyword: str, text: str, words: list[str]) -> float:
     return best
 
 
-def pattern_similarity(text: str, task_type: str) -> float:
+def pattern_similarity(text: str, task_type: str, family: Family) -> float:
     """How strongly ``text`` names the pattern of ``task_type``, in [0, 1] (0 below KEYWORD_MIN)."""
     norm = utils.default_process(text or "")
     words = norm.split()
-    keys = PATTERN_KEYWORDS.get(task_type, (pattern_name(task_type),))
+    keys = family.pattern_keywords.get(task_type, (family.pattern_name(task_type),))
     score = max((_keyword_score(k, norm, words) for k in keys), default=0.0)
     return score / 100.0 if score >= KEYWORD_MIN else 0.0
 
@@ -105,7 +104,7 @@ def pattern_similarity(text: str, task_type: str) -> float:
 def _type_sims(report: FailureReport, index: TaskIndex, task_type: str | None) -> np.ndarray:
     """Similarity of the report to each distinct task type: query, else lesson, else the failed task's type."""
     for text in (report.query, report.lesson):
-        sims = np.array([pattern_similarity(text, t) for t in index.types])
+        sims = np.array([pattern_similarity(text, t, index.family) for t in index.types])
         if sims.max(initial=0.0) > 0:
             return sims
     return np.array([1.0 if t == task_type else 0.0 for t in index.types])
@@ -162,7 +161,8 @@ def build_choice_prompt(report: FailureReport, index: TaskIndex, candidates: Seq
         "Candidates:",
     ]
     lines += [
-        f"{i}. {index.goals[t]} ({pattern_name(index.task_types[t])})" for i, t in enumerate(candidates, 1)
+        f"{i}. {index.goals[t]} ({index.family.pattern_name(index.task_types[t])})"
+        for i, t in enumerate(candidates, 1)
     ]
     lines.append(f"Answer with up to {k} candidate numbers, as: CHOICE: <numbers separated by commas>")
     return "\n".join(lines) + "\n"
@@ -188,6 +188,7 @@ def parse_choice(text: str, n_candidates: int, k: int) -> list[int]:
 def retrieve_many(
     reports: Sequence[FailureReport],
     pool,
+    family: Family | None = None,
     memory: FailureMemory | None = None,
     mode: str = "fuzzy",
     k: int = 3,
@@ -200,12 +201,14 @@ def retrieve_many(
     candidates_per_pick: int = 4,
     seed: int = 0,
 ) -> list[list[tuple[int, float]]]:
-    """Top-k (task id, similarity in [0, 1]) per report, best first. Batches the embedding / LLM calls."""
+    """Top-k (task id, similarity in [0, 1]) per report, best first. Batches the embedding / LLM calls.
+
+    ``pool`` is a task pool of ``family`` or a ``TaskIndex`` (which knows its family)."""
     if mode not in MODES:
         raise ValueError(f"retrieval mode must be one of {MODES}, got {mode!r}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    index = TaskIndex.build(pool)
+    index = TaskIndex.build(pool, family)
     n = len(reports)
     task_types = list(task_types) if task_types is not None else [None] * n
     excl = [set(map(int, e)) for e in exclude] if exclude is not None else [set() for _ in range(n)]
@@ -250,9 +253,17 @@ def _positions(items: list[str], uniq: list[str]) -> np.ndarray:
 
 
 def retrieve(
-    report: FailureReport, pool, memory: FailureMemory | None = None, mode: str = "fuzzy", k: int = 3, **kw
+    report: FailureReport,
+    pool,
+    family: Family | None = None,
+    memory: FailureMemory | None = None,
+    mode: str = "fuzzy",
+    k: int = 3,
+    **kw,
 ) -> list[tuple[int, float]]:
     """``retrieve_many`` for one report (``task_type=`` / ``exclude=`` as single values)."""
     task_type = kw.pop("task_type", None)
     exclude = kw.pop("exclude", ())
-    return retrieve_many([report], pool, memory, mode, k, task_types=[task_type], exclude=[exclude], **kw)[0]
+    return retrieve_many(
+        [report], pool, family, memory, mode, k, task_types=[task_type], exclude=[exclude], **kw
+    )[0]

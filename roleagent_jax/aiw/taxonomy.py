@@ -1,82 +1,45 @@
-"""Failure taxonomy and the structured failure report shared by the LLM parser and the heuristic."""
+"""The structured failure report and the mapping of free-form type answers onto a family's taxonomy.
+
+A family lists its failure types (`Family.failure_types`, with glosses) and the phrases small models use
+for them (`Family.failure_keywords`); `unknown` is added here for answers that fit none.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from rapidfuzz import fuzz, process
 
+if TYPE_CHECKING:
+    from roleagent_jax.envs.base import Family
+
 UNKNOWN = "unknown"
-
-# Short glosses in our own words; they go into the analysis prompt so the model knows what each name means.
-ALFWORLD_TYPES: dict[str, str] = {
-    "repetitive_exploration": "re-searched places or repeated looks that were already done",
-    "wrong_target_location": "had the right object but never brought it to the goal place",
-    "wrong_receptacle": "put the object into a different receptacle than the goal's",
-    "premature_give_up": "stopped acting before the task was finished",
-    "missing_precondition": "skipped a required step (clean/heat/cool, holding the object) before finishing",
-    "repeated_failed_action": "repeated an action that had no effect",
-    "navigation_loop": "walked back and forth between the same few places",
-    "entity_confusion": "handled a different object than the one the task names",
-    "wrong_object_interaction": "used the wrong appliance or an action that does not apply to the object",
-    "exhaustive_exploration_failure": "searched many places and never got the needed object",
-    "action_format_error": "answers without a valid action in the required format",
-}
-
-TAXONOMY: dict[str, tuple[str, ...]] = {"alfworld": (*ALFWORLD_TYPES, UNKNOWN)}
-DESCRIPTIONS: dict[str, dict[str, str]] = {"alfworld": ALFWORLD_TYPES}
-
-# Phrases small models use for a type instead of its name (checked after exact and fuzzy matching).
-_KEYWORDS: tuple[tuple[str, str], ...] = (
-    ("format", "action_format_error"),
-    ("invalid_action", "action_format_error"),
-    ("precondition", "missing_precondition"),
-    ("prerequisite", "missing_precondition"),
-    ("skipped_step", "missing_precondition"),
-    ("give_up", "premature_give_up"),
-    ("gave_up", "premature_give_up"),
-    ("giving_up", "premature_give_up"),
-    ("premature", "premature_give_up"),
-    ("loop", "navigation_loop"),
-    ("back_and_forth", "navigation_loop"),
-    ("confus", "entity_confusion"),
-    ("wrong_object", "entity_confusion"),
-    ("exhaust", "exhaustive_exploration_failure"),
-    ("never_found", "exhaustive_exploration_failure"),
-    ("repeated_fail", "repeated_failed_action"),
-    ("failed_action", "repeated_failed_action"),
-    ("repetit", "repetitive_exploration"),
-    ("redundant", "repetitive_exploration"),
-    ("receptacle", "wrong_receptacle"),
-    ("wrong_location", "wrong_target_location"),
-    ("target_location", "wrong_target_location"),
-    ("wrong_tool", "wrong_object_interaction"),
-    ("interaction", "wrong_object_interaction"),
-)
 
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 FUZZY_THRESHOLD = 85.0
 
 
-def taxonomy(env: str) -> tuple[str, ...]:
-    if env not in TAXONOMY:
-        raise ValueError(f"no failure taxonomy for environment {env!r}; known: {sorted(TAXONOMY)}")
-    return TAXONOMY[env]
+def taxonomy(family: Family) -> tuple[str, ...]:
+    """The family's failure type names in its order, then ``unknown``."""
+    if not family.failure_types:
+        raise ValueError(f"environment {family.name!r} lists no failure types (Family.failure_types)")
+    return (*family.failure_types, UNKNOWN)
 
 
 def _slug(text: str) -> str:
     return _NON_WORD.sub("_", text.lower()).strip("_")
 
 
-def normalize_failure_type(text: str, env: str = "alfworld") -> str:
-    """Map a free-form type answer onto the taxonomy; ``unknown`` when nothing fits well enough.
+def normalize_failure_type(text: str, family: Family) -> str:
+    """Map a free-form type answer onto the family's taxonomy; ``unknown`` when nothing fits well enough.
 
     Order: exact name; a name contained in the answer; rapidfuzz match of the answer's first clause
     against the names (token-sort ratio >= FUZZY_THRESHOLD, catches typos like ``navigaton loop``);
-    keyword phrases.
+    the family's keyword phrases.
     """
-    names = taxonomy(env)
+    names = taxonomy(family)
     slug = _slug(text or "")[:300]
     if not slug:
         return UNKNOWN
@@ -92,7 +55,7 @@ def normalize_failure_type(text: str, env: str = "alfworld") -> str:
             hit = process.extractOne(cand.replace("_", " "), spaced, scorer=fuzz.token_sort_ratio)
             if hit and hit[1] >= FUZZY_THRESHOLD:
                 return hit[0].replace(" ", "_")
-    for key, name in _KEYWORDS:
+    for key, name in family.failure_keywords:
         if key in slug and name in names:
             return name
     return UNKNOWN

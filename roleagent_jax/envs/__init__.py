@@ -1,21 +1,33 @@
-"""ALFWorld environments: the real engine, generated games, a parallel pool, prompts and parsing.
+"""Scenario families behind one contract (`base`), played in parallel worker processes (`pool`).
 
-Nothing here imports JAX: environment worker processes import this package.
+Nothing here imports JAX or an engine: environment worker processes import this package, and a
+family's engine loads only when its env is built. Each family lives in `envs/<family>/`.
 """
 
-from roleagent_jax.envs.alfworld import TASK_TYPES, WIN_REWARD, AlfWorldEnv
-from roleagent_jax.envs.alfworld_tasks import GEN_SPLITS, TaskPool
+from roleagent_jax.envs.base import (
+    Env,
+    Family,
+    Observation,
+    PredictorFraming,
+    Task,
+    TaskPool,
+    get_family,
+    register,
+    registered,
+    unregister,
+)
 from roleagent_jax.envs.pool import EnvPool
-from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt, parse_action
 
 __all__ = [
-    "ACTION_STOP",
-    "GEN_SPLITS",
-    "TASK_TYPES",
-    "WIN_REWARD",
-    "AlfWorldEnv",
+    "Env",
     "EnvPool",
+    "Family",
+    "Observation",
+    "PredictorFraming",
+    "Task",
     "TaskPool",
-    "build_agent_prompt",
-    "parse_action",
+    "get_family",
+    "register",
+    "registered",
+    "unregister",
 ]

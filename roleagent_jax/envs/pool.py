@@ -1,17 +1,19 @@
-"""Many ALFWorld environments stepped in parallel worker processes.
+"""Many environments of one family stepped in parallel worker processes.
 
 Env slot i lives in worker i % num_workers. A command (reset or step) goes to every worker at once and
 each worker answers env by env, so the pool's throughput grows with the workers and a per-step
 timeout can be enforced: a worker that makes no progress for `step_timeout` seconds is killed. A
 worker that dies (crash, kill, timeout) is restarted at once; every episode it hosted is reported as
-failed (`info["env_failed"] = True`, done) and its slots play again after their next reset.
+failed (`Observation.failed`, done) and its slots play again after their next reset.
 
-Workers are started with the 'spawn' context and without re-importing the caller's `__main__`, so a
-worker holds textworld/alfworld only, never JAX.
+Workers are started with the 'spawn' context and without re-importing the caller's `__main__`; each
+unpickles the family, calls its `start_worker()` and builds envs with `make_env(max_steps)`, so a
+worker holds the family's engine only, never JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -22,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import wait
 
-from roleagent_jax.envs.alfworld_tasks import TaskPool
+from roleagent_jax.envs.base import Family, Observation, TaskPool
 
 SPAWN = mp.get_context("spawn")  # workers never inherit the parent's threads (JAX)
 
@@ -41,13 +43,12 @@ def main_hidden() -> Iterator[None]:
         sys.modules["__main__"] = saved
 
 
-def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> None:
-    """Worker loop: one AlfWorldEnv per slot it hosts; answers item by item, then 'end'."""
+def _worker_main(conn, family: Family, max_steps: int) -> None:
+    """Worker loop: one env of the family per slot it hosts; answers item by item, then 'end'."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    from roleagent_jax.envs.alfworld import AlfWorldEnv
-
-    conn.send(("ready", None, None))  # imports done: from now on the timeouts apply
-    envs: dict[int, AlfWorldEnv] = {}
+    family.start_worker()
+    conn.send(("ready", None, None))  # set-up done: from now on the timeouts apply
+    envs: dict = {}
     while True:
         try:
             kind, items = conn.recv()
@@ -61,8 +62,9 @@ def _worker_main(conn, max_steps: int, expert_plan: bool, expert_type: str) -> N
             try:
                 if kind == "reset":
                     if slot not in envs:
-                        envs[slot] = AlfWorldEnv(max_steps, expert_plan, expert_type)
-                    out = envs[slot].reset(*arg)
+                        envs[slot] = family.make_env(max_steps)
+                    task, expert = arg
+                    out = envs[slot].reset(task, expert=expert)
                 elif kind == "step":
                     out = envs[slot].step(arg)
                 else:
@@ -94,16 +96,17 @@ class _Worker:
 
 
 class EnvPool:
-    """Parallel ALFWorld environments addressed by slot; slot i plays task_ids[i] after reset(task_ids)."""
+    """Parallel environments of `family` addressed by slot; slot i plays pool[task_ids[i]] after
+    reset(task_ids). `expert` is the default of `reset`'s flag of the same name."""
 
     def __init__(
         self,
+        family: Family,
         pool: TaskPool,
         num_workers: int,
         step_timeout: float = 30.0,
         max_steps: int = 50,
-        expert_plan: bool = False,
-        expert_type: str = "planner",
+        expert: bool = False,
         reset_timeout: float | None = None,
         start_timeout: float = 120.0,
     ):
@@ -111,37 +114,39 @@ class EnvPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0, got {step_timeout}")
+        self.family = family
         self.pool = pool
         self.num_workers = num_workers
         self.step_timeout = float(step_timeout)
         # A first reset loads, translates and (for the expert) plans a game: allow it more than a step.
         self.reset_timeout = float(reset_timeout) if reset_timeout else max(4 * self.step_timeout, 120.0)
         self.start_timeout = float(start_timeout)
-        self._settings = (max_steps, expert_plan, expert_type)
+        self.expert = bool(expert)
+        self._settings = (family, max_steps)
         self._workers = [_Worker(i, self._settings) for i in range(num_workers)]
         self._task_of: dict[int, int] = {}  # slot -> task id of its current episode
         self._lost: set[int] = set()  # slots whose episode died with a worker
-        self._done: dict[int, tuple] = {}  # slot -> final step result once the episode ended
+        self._done: dict[int, Observation] = {}  # slot -> final observation once the episode ended
         self.restarts = 0
         self._closed = False
 
     # ---------------------------------------------------------------- public API
-    def reset(self, task_ids: list[int], expert: bool | None = None) -> list[tuple[str, dict]]:
-        """Start one episode per slot: slot i plays game task_ids[i]. Returns (obs, info) per slot.
+    def reset(self, task_ids: list[int], expert: bool | None = None) -> list[Observation]:
+        """Start one episode per slot: slot i plays task pool[task_ids[i]]. Returns one observation per slot.
 
-        `expert=True` puts the expert plan in every info of these episodes (default: the pool's
-        expert_plan setting)."""
+        `expert=True` puts the expert plan in every observation of these episodes (default: the pool's
+        `expert` setting)."""
         n = len(self.pool)
         for t in task_ids:
             if not 0 <= int(t) < n:
-                raise ValueError(f"task id {t} out of range for a pool of {n} games")
+                raise ValueError(f"task id {t} out of range for a pool of {n} tasks")
         self._check_open()
         for slot, t in enumerate(task_ids):
             self._task_of[slot] = int(t)
             self._lost.discard(slot)
             self._done.pop(slot, None)
-        expert = self._settings[1] if expert is None else bool(expert)
-        items = [(slot, (self.pool.game_files[int(t)], expert)) for slot, t in enumerate(task_ids)]
+        expert = self.expert if expert is None else bool(expert)
+        items = [(slot, (self.pool.tasks[int(t)], expert)) for slot, t in enumerate(task_ids)]
         answers = self._run("reset", items)
         out = []
         for slot in range(len(task_ids)):
@@ -150,11 +155,11 @@ class EnvPool:
                 out.append(payload)
             else:
                 self._lost.add(slot)
-                out.append(("", self._failed_info(slot, payload)))
+                out.append(self._failed(payload))
         return out
 
-    def step(self, actions: dict[int, str]) -> dict[int, tuple[str, float, bool, dict]]:
-        """Apply one action per listed slot. Returns slot -> (obs, reward, done, info)."""
+    def step(self, actions: dict[int, str]) -> dict[int, Observation]:
+        """Apply one action per listed slot. Returns slot -> observation."""
         self._check_open()
         results: dict[int, tuple] = {}
         items = []
@@ -162,20 +167,19 @@ class EnvPool:
             if slot not in self._task_of:
                 raise ValueError(f"slot {slot} was never reset")
             if slot in self._lost:
-                results[slot] = ("", 0.0, True, self._failed_info(slot, "environment lost with its worker"))
+                results[slot] = self._failed("environment lost with its worker")
             elif slot in self._done:
-                obs, _, _, info = self._done[slot]
-                results[slot] = (obs, 0.0, True, info)
+                results[slot] = dataclasses.replace(self._done[slot], reward=0.0)
             else:
                 items.append((slot, str(action)))
         for slot, (status, payload) in self._run("step", items).items():
             if status == "ok":
                 results[slot] = payload
-                if payload[2]:
+                if payload.done:
                     self._done[slot] = payload
             else:
                 self._lost.add(slot)
-                results[slot] = ("", 0.0, True, self._failed_info(slot, payload))
+                results[slot] = self._failed(payload)
         return results
 
     @property
@@ -228,17 +232,10 @@ class EnvPool:
         if self._closed:
             raise RuntimeError("EnvPool is closed")
 
-    def _failed_info(self, slot: int, reason: str) -> dict:
-        task = self._task_of.get(slot, 0)
-        return {
-            "won": False,
-            "admissible_commands": [],
-            "task_type": self.pool.task_types[task],
-            "goal": self.pool.goals[task],
-            "anchor": "",
-            "env_failed": True,
-            "error": reason,
-        }
+    @staticmethod
+    def _failed(reason: str) -> Observation:
+        """The final observation of an episode lost with its env (crash, timeout, dead worker)."""
+        return Observation(text="", anchor="", admissible=[], done=True, failed=True, info={"error": reason})
 
     def _restart(self, w: int, reason: str, answers: dict, pending: dict) -> None:
         """Replace worker w; its pending items fail and every slot it hosted loses its episode."""

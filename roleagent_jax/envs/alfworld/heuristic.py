@@ -1,4 +1,4 @@
-"""A deterministic failure analyser that reads the trajectory itself.
+"""ALFWorld's deterministic failure analyser for AIW: it reads the trajectory itself.
 
 Used when the policy is too small to analyse its own failures (the embedded default) and as the
 labeller for failure-mode reports. Each rule looks for one pattern in the action/observation

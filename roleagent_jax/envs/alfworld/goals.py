@@ -1,7 +1,8 @@
-"""Task patterns: what a task asks for, abstracted from the surface objects.
+"""ALFWorld's task patterns: what a task asks for, abstracted from the surface objects.
 
-Retrieval works at this level ("clean then place"), so a failure on a clean-apple task pulls other
-clean-then-place tasks whatever their object. Goals are parsed from ALFWorld's own sentence templates.
+AIW's retrieval works at this level ("clean then place"), so a failure on a clean-apple task pulls other
+clean-then-place tasks whatever their object. Goals are parsed from ALFWorld's own sentence templates;
+the heuristic analyser reads the parsed goal too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ TASK_PATTERNS: dict[str, tuple[str, str]] = {
         "two objects place",
         "two objects place: find two objects of the kind, move both to the receptacle",
     ),
+}
+
+# distinctive words per task type for fuzzy retrieval; multi-word keys are matched as phrases
+PATTERN_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "pick_and_place_simple": ("pick and place", "simple place"),
+    "look_at_obj_in_light": ("look", "lamp", "desklamp", "light", "examine"),
+    "pick_clean_then_place_in_recep": ("clean", "sink", "sinkbasin", "wash", "rinse"),
+    "pick_heat_then_place_in_recep": ("heat", "hot", "microwave", "warm"),
+    "pick_cool_then_place_in_recep": ("cool", "cold", "fridge", "chill"),
+    "pick_two_obj_and_place": ("two", "both", "pair", "second"),
 }
 
 TRANSFORM_OF_TYPE = {

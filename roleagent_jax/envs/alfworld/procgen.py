@@ -25,7 +25,8 @@ from pathlib import Path
 import alfworld
 from alfworld.gen.goal_library import gdict
 
-from roleagent_jax.envs.alfworld import GAME_FILE, TASK_TYPES, AlfWorldEnv
+from roleagent_jax.envs.alfworld.engine import AlfWorldEnv, memoize_textworld_parsers
+from roleagent_jax.envs.alfworld.games import GAME_FILE, TASK_TYPES
 from roleagent_jax.envs.pool import SPAWN, main_hidden
 
 _DATA = Path(alfworld.__file__).resolve().parent / "data"
@@ -499,19 +500,19 @@ def make_game(combo, size: GenSize, rng: random.Random, name: str) -> tuple[dict
 
 def expert_check(game_file: str, env: AlfWorldEnv, max_steps: int) -> list[str] | None:
     """Play alfworld's planner expert on the engine; its winning plan, or None if it does not win in time."""
-    obs, info = env.reset(game_file)
-    if info["won"]:
+    obs = env.reset(game_file, expert=True)
+    if obs.won:
         return None
     plan = []
     for _ in range(max_steps):
-        if not info.get("expert_plan"):
+        if not obs.expert_plan:
             return None
-        action = info["expert_plan"][0]
+        action = obs.expert_plan[0]
         plan.append(action)
-        obs, _, done, info = env.step(action)
-        if info["won"]:
+        obs = env.step(action)
+        if obs.won:
             return plan
-        if done:
+        if obs.done:
             return None
     return None
 
@@ -525,8 +526,10 @@ class GeneratedSet:
 
 @functools.cache
 def _checker(max_expert_steps: int) -> AlfWorldEnv:
-    """The engine that checks games with alfworld's planner expert: one per process."""
-    return AlfWorldEnv(max_steps=max_expert_steps, expert_plan=True, expert_type="planner")
+    """The engine that checks games with alfworld's planner expert: one per process, which is an ALFWorld
+    worker like the env pool's (the textworld parser memo goes on with it)."""
+    memoize_textworld_parsers()
+    return AlfWorldEnv(max_steps=max_expert_steps, expert_type="planner")
 
 
 @functools.cache

@@ -5,19 +5,20 @@ same few games thousands of times, so everything that depends only on a game fil
 per process and kept: the parsed JSON, the grammar (`GameLogic`) and Fast Downward's PDDL -> SAS
 translation, which is most of the cost of a plain `PddlEnv.reset`. A reset then only reloads the SAS
 task into the planner library and renders the intro text. Games differ in their grammar only by the
-task sentence, so one parse serves them all; and textworld's rule-string parsers, which re-parsed the
-same strings on every step, remember their results (steps about 3x faster).
+task sentence, so one parse serves them all; and textworld's rule-string parsers, which re-parse the
+same strings on every step, can be made to remember their results (`memoize_textworld_parsers`, steps
+about 3x faster): the family turns that on when a worker process starts.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import fast_downward
@@ -28,6 +29,19 @@ from textworld.envs.pddl import PddlEnv, textgen
 from textworld.envs.pddl import logic as pddl_logic
 from textworld.envs.pddl.textgen import ContextSensitiveGrammar
 from textworld.logic import Proposition, Rule, Type, Variable
+
+from roleagent_jax.envs.alfworld.expert import PLAN_CACHE, PlannerExpert
+from roleagent_jax.envs.alfworld.games import (
+    JSON_CACHE,
+    LRU,
+    WIN_REWARD,
+    goal_from_observation,
+    read_json,
+    task_type_of,
+)
+from roleagent_jax.envs.base import Observation, Task
+
+EXPERT_TYPES = ("planner", "handcoded")
 
 _PLAIN_SYMBOLS = textgen._parse_and_convert  # textworld's own parsers, kept to restore them
 _PLAIN_QUERY = Rule.__dict__["parse_conjunctive_query"]
@@ -54,129 +68,20 @@ def memoize_textworld_parsers(enabled: bool = True) -> None:
     Every step renders its feedback through the grammar, which re-parses the same rule strings with
     tatsu: the symbols of each rule (`textgen._parse_and_convert`) and each rule's condition
     (`Rule.parse_conjunctive_query`). That was most of a step's time. Both are pure functions of their
-    arguments. On at import; `benchmarks/envs.py` turns it off to time textworld's own.
+    arguments. The ALFWorld family turns it on in each worker; `benchmarks/envs.py` compares both.
     """
     textgen._parse_and_convert = _cached_symbols if enabled else _PLAIN_SYMBOLS
     Rule.parse_conjunctive_query = staticmethod(_cached_query) if enabled else _PLAIN_QUERY
 
 
-memoize_textworld_parsers()
-
-
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
-WIN_REWARD = 10.0
-GOAL_PREFIX = "Your task is to: "
-GAME_FILE = "game.tw-pddl"
-EXPERT_TYPES = ("planner", "handcoded")
-
-
-def task_type_of(game_file: str | os.PathLike) -> str:
-    """Task type from the folder layout `<task_type>-<Obj>-<Mrecep>-<Recep>-<scene>/<trial>/game.tw-pddl`."""
-    name = Path(game_file).parent.parent.name.split("-", 1)[0]
-    if name not in TASK_TYPES:
-        raise ValueError(
-            f"cannot tell the task type of {game_file}: folder prefix {name!r} is not one of {TASK_TYPES}"
-        )
-    return name
-
-
-def goal_of(game_data: dict) -> str:
-    """The task sentence as the intro will show it, read from the game's grammar without loading it."""
-    grammar = game_data.get("grammar", "")
-    start = grammar.find(GOAL_PREFIX)
-    if start < 0:
-        return ""
-    start += len(GOAL_PREFIX)
-    end = grammar.find('"', start)
-    return grammar[start:end].strip()
-
-
-def goal_from_observation(obs: str) -> str:
-    """The task sentence from an intro observation ('' when the text has none)."""
-    start = obs.find(GOAL_PREFIX)
-    if start < 0:
-        return ""
-    return obs[start + len(GOAL_PREFIX) :].strip().splitlines()[0].strip()
-
-
-def split_dir(data_dir: str | os.PathLike | None, split: str) -> Path:
-    """Locate `<data>/json_2.1.1/<split>` (or `<data>/<split>`), with a message saying how to get the data."""
-    root = data_dir or os.environ.get("ALFWORLD_DATA")
-    hint = (
-        "ALFWorld games are not bundled. Run `alfworld-download` (from the alfworld package), then set "
-        "$ALFWORLD_DATA to the folder it filled (the one holding json_2.1.1/) or pass --data=DIR. "
-        "The procedurally generated splits (gen_seen, gen_unseen) need no download."
-    )
-    if not root:
-        raise FileNotFoundError(f"no ALFWorld data folder given for split {split!r}. {hint}")
-    root = Path(os.path.expandvars(str(root))).expanduser()
-    for cand in (root / "json_2.1.1" / split, root / split):
-        if cand.is_dir():
-            return cand
-    raise FileNotFoundError(
-        f"split {split!r} not found under {root} (looked for json_2.1.1/{split} and {split}). {hint}"
-    )
-
-
-def list_games(folder: str | os.PathLike) -> list[str]:
-    """Sorted playable game files under a folder, filtered the way alfworld's own loader filters them."""
-    games = []
-    for path in sorted(Path(folder).rglob(GAME_FILE)):
-        text = str(path)
-        if "movable" in text or "Sliced" in text:
-            continue
-        if not _read_json(text).get("solvable", False):
-            continue
-        games.append(text)
-    return games
-
-
-class _LRU(OrderedDict):
-    """A small least-recently-used map: per-process caches must not grow with the 3,553 train games."""
-
-    def __init__(self, maxsize: int):
-        super().__init__()
-        self.maxsize = maxsize
-
-    def get_or_make(self, key, make):
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        value = make()
-        self[key] = value
-        if len(self) > self.maxsize:
-            self.popitem(last=False)
-        return value
-
-
-_JSON_CACHE = _LRU(256)
-_LOGIC_CACHE = _LRU(128)
-_SAS_CACHE = _LRU(128)
-_PLAN_CACHE = _LRU(1024)
+_LOGIC_CACHE = LRU(128)
+_SAS_CACHE = LRU(128)
 
 
 def clear_caches() -> None:
     """Forget every cached game, grammar, translation, plan and parse of this process (cold timings)."""
-    for cache in (_JSON_CACHE, _LOGIC_CACHE, _SAS_CACHE, _PLAN_CACHE, _SYMBOLS_CACHE, _QUERY_CACHE):
+    for cache in (JSON_CACHE, _LOGIC_CACHE, _SAS_CACHE, PLAN_CACHE, _SYMBOLS_CACHE, _QUERY_CACHE):
         cache.clear()
-
-
-def _read_json(path: str) -> dict:
-    st = os.stat(path)
-    key = (path, st.st_mtime_ns, st.st_size)
-
-    def make():
-        with open(path) as f:
-            return json.load(f)
-
-    return _JSON_CACHE.get_or_make(key, make)
 
 
 _TASK_RULE = re.compile(r'"task"\s*:\s*\[\s*\{\s*"rhs"\s*:\s*"((?:[^"\\]|\\.)*)"\s*\}\s*\]')
@@ -297,7 +202,7 @@ class CachedPddlEnv(PddlEnv):
     def load(self, filename_or_data) -> None:
         if isinstance(filename_or_data, (str, os.PathLike)):
             self._game_file = str(filename_or_data)
-            data = _read_json(self._game_file)
+            data = read_json(self._game_file)
         else:
             self._game_file, data = None, filename_or_data
         self._game_data = data
@@ -329,111 +234,23 @@ class CachedPddlEnv(PddlEnv):
         return self.state
 
 
-_PLANNER_LIB: list = []  # one Fast Downward library per process for initial plans on pruned problems
-_TOKEN = re.compile(r"[^\s()]+")
-_APPLIANCE_TYPES = {"sinkbasintype", "bathtubbasintype", "microwavetype", "fridgetype"}
-
-
-def prune_problem(problem: str) -> str | None:
-    """The problem without what the goal cannot need (None: nothing to prune): objects of types the goal
-    never names, and receptacles that hold none of the remaining objects, are not of a type the goal
-    names and are not appliances (sink, microwave, fridge).
-
-    Without capacity constraints in the domain, these can neither help nor block a plan, yet they blow
-    up the planner's search on big kitchens (minutes instead of a second). Any plan for the pruned
-    problem is a valid plan for the full one, with the same entity names.
-    """
-    at = problem.rfind("(:goal")
-    if at < 0:
-        return None
-    head, goal = problem[:at].lower(), problem[at:].lower()  # PDDL names are case-insensitive
-    goal_types = set(re.findall(r"\(objecttype \?\S+ (\S+?)\)", goal))
-    if not goal_types:
-        return None
-    typed = dict(re.findall(r"\(objecttype (\S+) (\S+?)\)", head))
-    drop = {o for o, t in typed.items() if t not in goal_types}
-    # Receptacles matter if the goal names their type, an action needs them, or they hold a kept object.
-    keep_rtypes = set(re.findall(r"\(receptacletype \?\S+ (\S+?)\)", goal)) | _APPLIANCE_TYPES
-    holders = {r for o, r in re.findall(r"\(inreceptacle (\S+) (\S+?)\)", head) if o not in drop}
-    rtyped = dict(re.findall(r"\(receptacletype (\S+) (\S+?)\)", head))
-    drop |= {r for r, t in rtyped.items() if t not in keep_rtypes and r not in holders}
-    if not drop:
-        return None
-    kept = [line for line in problem[:at].splitlines() if not drop.intersection(_TOKEN.findall(line.lower()))]
-    return "\n".join(kept) + "\n" + problem[at:]
-
-
-class PlannerExpert:
-    """alfworld's planner expert (Fast Downward on the game's own PDDL, as `AlfredExpert(expert_type=
-    "planner")` computes it) without its cost on every step.
-
-    The engine is deterministic, so a plan stays valid while the agent follows it: the planner runs at
-    most once per game for the initial state (cached per process) and again only after the agent
-    leaves the plan. Commands come from the game's grammar, so any data version's verbs work.
-    """
-
-    def __init__(self):
-        self.plan: list[str] = []
-
-    @staticmethod
-    def _plan_for(env, problem: str) -> list[str]:
-        """Plan on the pruned problem with this process's planner library; names as the game shows them."""
-        base = env.unwrapped
-        pruned = prune_problem(problem) or problem
-        if not _PLANNER_LIB:
-            _PLANNER_LIB.append(fast_downward.load_lib())
-        state = pddl_logic.PddlState(_PLANNER_LIB[0], pruned, base._logic)
-        return list(state.replan(base._entity_infos))
-
-    @classmethod
-    def _initial_plan(cls, env) -> list[str]:
-        return cls._plan_for(env, env.unwrapped._game_data["pddl_problem"])
-
-    @classmethod
-    def _replan(cls, env) -> list[str]:
-        """Plan from the current state: the game's problem with its initial facts replaced by today's."""
-        base = env.unwrapped
-        problem = base._game_data["pddl_problem"]
-        init, goal = problem.find("(:init"), problem.rfind("(:goal")
-        facts = [
-            f"({f.name} {' '.join(v.name for v in f.arguments)})"
-            for f in base._pddl_state.facts
-            if not f.name.startswith("new-axiom")
-        ]
-        now = problem[:init] + "(:init\n" + "\n".join(facts) + "\n)\n\n" + problem[goal:]
-        return cls._plan_for(env, now)
-
-    def start(self, env, game_key) -> list[str]:
-        self.plan = list(_PLAN_CACHE.get_or_make(game_key, lambda: self._initial_plan(env)))
-        return self.plan
-
-    def advance(self, env, action: str, won: bool) -> list[str]:
-        if won:
-            self.plan = []
-        elif self.plan and action.strip() == self.plan[0]:
-            self.plan = self.plan[1:]
-        else:
-            self.plan = self._replan(env)
-        return self.plan
-
-
 class AlfWorldEnv:
-    """One ALFWorld episode at a time: reset(game_file) -> (obs, info); step(action) -> (obs, r, done, info).
+    """One ALFWorld episode at a time, on the environment contract: reset(task) and step(action) return
+    an `Observation` whose anchor is the raw observation text.
 
     Reward is WIN_REWARD on the winning step and 0 otherwise; an episode ends on a win or after
-    `max_steps` steps. With `expert_plan=True` the info carries alfworld's expert plan for the current
-    state: 'planner' (Fast Downward on the game's PDDL; works for every data version) or 'handcoded'
-    (alfworld's rule-based expert; it emits the packaged grammar's verbs, so only games built on that
-    grammar, such as the generated ones, suit it).
+    `max_steps` steps. `reset(task, expert=True)` puts alfworld's expert plan for the current state in
+    every observation of that episode: 'planner' (Fast Downward on the game's PDDL; works for every data
+    version) or 'handcoded' (alfworld's rule-based expert; it emits the packaged grammar's verbs, so only
+    games built on that grammar, such as the generated ones, suit it).
     """
 
-    def __init__(self, max_steps: int = 50, expert_plan: bool = False, expert_type: str = "planner"):
+    def __init__(self, max_steps: int = 50, expert_type: str = "planner"):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if expert_type not in EXPERT_TYPES:
             raise ValueError(f"expert_type must be one of {EXPERT_TYPES}, got {expert_type!r}")
         self.max_steps = max_steps
-        self.expert_plan = expert_plan
         self.expert_type = expert_type
         self._stacks: dict[bool, Any] = {}  # with / without alfworld's expert wrapper, built on first use
         self._loaded: dict[bool, str] = {}
@@ -443,7 +260,7 @@ class AlfWorldEnv:
         self._game = ""
         self._steps = 0
         self._done = True
-        self._last: tuple[str, dict] = ("", {})
+        self._last: Observation | None = None
         self._task_type = ""
         self._goal = ""
 
@@ -463,13 +280,13 @@ class AlfWorldEnv:
         """Only the handcoded expert needs alfworld's AlfredExpert wrapper; the planner reads the engine."""
         return expert and self.expert_type == "handcoded"
 
-    def reset(self, game_file: str, expert: bool | None = None) -> tuple[str, dict]:
-        """Start `game_file` from its initial state; `expert` (default: the constructor's expert_plan)
-        adds the expert plan to every info of this episode."""
-        game_file = str(game_file)
+    def reset(self, task: Task | str | os.PathLike, expert: bool = False) -> Observation:
+        """Start a game (a Task whose payload is its game file, or the file itself) from its initial
+        state; `expert=True` adds the expert plan to every observation of this episode."""
+        game_file = str(task.payload if isinstance(task, Task) else task)
         if not os.path.isfile(game_file):
             raise FileNotFoundError(f"game file not found: {game_file}")
-        expert = self.expert_plan if expert is None else bool(expert)
+        expert = bool(expert)
         key = self._wrapped(expert)
         if key not in self._stacks:
             self._stacks[key] = self._make(key)
@@ -484,41 +301,42 @@ class AlfWorldEnv:
         if expert and not key:
             st = os.stat(game_file)
             self._planner.start(env, (game_file, st.st_mtime_ns, st.st_size))
-        obs = state.feedback
-        self._goal = goal_from_observation(obs)
+        self._goal = goal_from_observation(state.feedback)
         self._steps, self._done = 0, False
-        info = self._info(state, obs)
-        self._last = (obs, info)
-        return obs, info
+        self._last = self._observe(state, 0.0, False)
+        return self._last
 
-    def step(self, action: str) -> tuple[str, float, bool, dict]:
-        if self._env is None:
+    def step(self, action: str) -> Observation:
+        if self._env is None or self._last is None:
             raise RuntimeError("step() before reset()")
         if self._done:  # stepping a finished episode changes nothing
-            obs, info = self._last
-            return obs, 0.0, True, info
+            return dataclasses.replace(self._last, reward=0.0)
         state, _, _ = self._env.step(str(action))
         self._steps += 1
+        won = bool(state["won"])
         if self._expert and not self._wrapped(True):
-            self._planner.advance(self._env, str(action), bool(state["won"]))
-        obs = state.feedback
-        info = self._info(state, obs)
-        self._done = info["won"] or self._steps >= self.max_steps
-        self._last = (obs, info)
-        return obs, (WIN_REWARD if info["won"] else 0.0), self._done, info
+            self._planner.advance(self._env, str(action), won)
+        self._done = won or self._steps >= self.max_steps
+        self._last = self._observe(state, WIN_REWARD if won else 0.0, self._done)
+        return self._last
 
-    def _info(self, state, obs: str) -> dict:
-        info = {
-            "won": bool(state["won"]),
-            "admissible_commands": list(state["admissible_commands"]),
-            "task_type": self._task_type,
-            "goal": self._goal,
-            "anchor": obs,
-            "env_failed": False,
-            "step": self._steps,
-            "game_file": self._game,
-        }
+    def _observe(self, state, reward: float, done: bool) -> Observation:
+        obs = state.feedback
+        plan = None
         if self._expert:
-            plan = state.get("extra.expert_plan") if self._wrapped(True) else self._planner.plan
-            info["expert_plan"] = list(plan or [])
-        return info
+            plan = list((state.get("extra.expert_plan") if self._wrapped(True) else self._planner.plan) or [])
+        return Observation(
+            text=obs,
+            anchor=obs,
+            admissible=list(state["admissible_commands"]),
+            reward=reward,
+            done=done,
+            won=bool(state["won"]),
+            expert_plan=plan,
+            info={
+                "step": self._steps,
+                "game_file": self._game,
+                "task_type": self._task_type,
+                "goal": self._goal,
+            },
+        )

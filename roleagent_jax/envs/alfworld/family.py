@@ -1,0 +1,104 @@
+"""ALFWorld as a scenario family: the household text games of alfworld on TextWorld's PDDL engine.
+
+Splits: the real ones (train, valid_seen, valid_unseen, valid_train; `alfworld-download`, then
+$ALFWORLD_DATA or --data) and the generated ones (gen_seen, gen_unseen; `procgen.py`, no download).
+Importing this module loads no engine: the env (textworld, Fast Downward) is imported by `make_env`
+in the worker processes, the generator only when games are made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from roleagent_jax.envs.alfworld import games, goals, prompts, taxonomy
+from roleagent_jax.envs.base import Env, Family, PredictorFraming, TaskPool
+
+
+class AlfWorld(Family):
+    """ALFWorld. `expert_type`: 'planner' (Fast Downward; every data version) or 'handcoded' (alfworld's
+    rule-based expert; the packaged grammar's verbs, so generated games only)."""
+
+    name = "alfworld"
+    task_types = games.TASK_TYPES
+    action_stop = prompts.ACTION_STOP
+    empty_action = "look"
+    has_expert = True
+    generated_splits = tuple(games.GEN_POOLS)
+    gen_options = {"num_receptacles": (4, 6), "num_objects": (2, 4)}  # procgen.GenSize defaults
+    predictor_framing = PredictorFraming(
+        intro="Act as the game engine. Predict what the game prints next.",
+        reply="the game's reply",
+        replies="game replies",
+    )
+    analysis_intro = "You review a failed attempt at a household text game and explain why it failed."
+    failure_types = taxonomy.FAILURE_TYPES
+    failure_keywords = taxonomy.FAILURE_KEYWORDS
+    pattern_keywords = goals.PATTERN_KEYWORDS
+
+    def __init__(self, expert_type: str = "planner"):
+        self.expert_type = expert_type
+
+    def start_worker(self) -> None:
+        """Textworld's rule-string parsers remember their parses in this worker (steps ~3x faster)."""
+        from roleagent_jax.envs.alfworld.engine import memoize_textworld_parsers
+
+        memoize_textworld_parsers()
+
+    def make_env(self, max_steps: int) -> Env:
+        from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
+
+        return AlfWorldEnv(max_steps, self.expert_type)
+
+    def task_pool(
+        self,
+        split: str,
+        *,
+        data_dir: str | Path | None = None,
+        gen_dir: str | Path | None = None,
+        n: int = 0,
+        seed: int = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> TaskPool:
+        """gen_seen / gen_unseen: n generated games under gen_dir (None: $ROLEAGENT_GEN_DIR or the user
+        cache); any other split (train, valid_seen, valid_unseen, valid_train): a folder of real ALFWorld data."""
+        if split in games.GEN_POOLS:
+            if n < 1:
+                raise ValueError(f"a generated split needs n >= 1 games, got {n}")
+            size = self.resolve_options(options)
+            return games.generated_pool(
+                gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size
+            )
+        return games.pool_from_split(data_dir or None, split)
+
+    def agent_prompt(
+        self,
+        goal: str,
+        history: Sequence[tuple[str, str]],
+        observation: str,
+        admissible: Sequence[str] | None,
+        step: int,
+        history_k: int,
+    ) -> str:
+        recent = list(history[-history_k:]) if history_k else []
+        return prompts.build_agent_prompt(
+            goal, recent, observation, list(admissible or []), step, k=history_k
+        )
+
+    def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
+        return prompts.parse_action(response, None if admissible is None else list(admissible))
+
+    def analyse_failure(self, traj, max_steps: int):
+        from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+
+        return heuristic_analyse(traj, max_steps)
+
+    def abstract_goal(self, goal: str, task_type: str) -> str:
+        return goals.abstract_goal(goal, task_type)
+
+    def pattern_name(self, task_type: str) -> str:
+        return goals.pattern_name(task_type)
+
+    def pattern_text(self, task_type: str) -> str:
+        return goals.pattern_text(task_type)
