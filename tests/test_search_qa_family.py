@@ -55,6 +55,13 @@ def test_generation_options(family):
         "gen_test", n=12, options={"mix": {"comparison": 1.0}, "kb_people": 80, "kb_works": 100}
     )
     assert pool.type_counts() == {"comparison": 12}
+    for flag in ("single_hop:1,bridge:1", ("single_hop:1", "bridge:1")):  # as command-line flags give it
+        assert family.task_pool("gen_test", n=10, options={"mix": flag}).type_counts() == {
+            "single_hop": 5,
+            "bridge": 5,
+        }
+    with pytest.raises(ValueError, match="must be kind:weight items"):
+        family.task_pool("gen_test", n=5, options={"mix": "single_hop"})
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['rooms'\] for environment 'search_qa'"):
         family.task_pool("gen_test", n=5, options={"rooms": 3})
     with pytest.raises(ValueError, match="give the number of questions"):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
-from roleagent_jax.envs.search_qa import failures, prompts
+from roleagent_jax.envs.search_qa import prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, SearchQAEnv
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
@@ -109,7 +109,20 @@ def _size(options: Mapping[str, Any]) -> KBSize:
 
 
 def _mix(options: Mapping[str, Any]) -> dict[str, float]:
-    mix = {k: float(v) for k, v in dict(options["mix"]).items()}
+    """The question mix: a mapping kind -> weight, or "kind:weight" items (a string joined by commas, or a
+    sequence, as command-line flags give them)."""
+    raw = options["mix"]
+    if isinstance(raw, str):
+        raw = [p for p in raw.split(",") if p.strip()]
+    if not isinstance(raw, Mapping):
+        pairs = [str(p).split(":") for p in raw]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"env option 'mix' must be kind:weight items, got {options['mix']!r}")
+        raw = {k.strip(): w for k, w in pairs}
+    try:
+        mix = {k: float(v) for k, v in raw.items()}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"env option 'mix' needs numeric weights, got {options['mix']!r}") from exc
     if set(mix) - set(KINDS):
         raise ValueError(f"env option 'mix' names unknown question kinds {sorted(set(mix) - set(KINDS))}")
     return mix
@@ -151,9 +164,9 @@ class SearchQA(Family):
     }
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = prompts.ANALYSIS_INTRO
-    failure_types = failures.SEARCH_QA_TYPES
-    failure_keywords = failures.FAILURE_KEYWORDS
-    pattern_keywords = failures.PATTERN_KEYWORDS
+    failure_types = taxonomy.SEARCH_QA_TYPES
+    failure_keywords = taxonomy.FAILURE_KEYWORDS
+    pattern_keywords = taxonomy.PATTERN_KEYWORDS
 
     def make_env(self, max_steps: int) -> SearchQAFamilyEnv:
         if max_steps < 1:
@@ -241,16 +254,18 @@ class SearchQA(Family):
     # ------------------------------------------------------------------ AIW
 
     def analyse_failure(self, traj, max_steps: int):
-        return failures.analyse(traj, (), max_steps)
+        from roleagent_jax.envs.search_qa.heuristic import analyse  # AIW is imported only where it runs
+
+        return analyse(traj, (), max_steps)
 
     def abstract_goal(self, goal: str, task_type: str) -> str:
-        return failures.abstract_question(goal)
+        return taxonomy.abstract_question(goal)
 
     def pattern_name(self, task_type: str) -> str:
-        return failures.pattern_of(task_type)
+        return taxonomy.pattern_of(task_type)
 
     def pattern_text(self, task_type: str) -> str:
-        return failures.pattern_description(task_type)
+        return taxonomy.pattern_description(task_type)
 
 
 def _task(q: QATask, spec: tuple, topk: int, plan: tuple[str, ...] | None = None) -> Task:

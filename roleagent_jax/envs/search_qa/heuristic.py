@@ -1,11 +1,10 @@
-"""The failure taxonomy of search QA and a deterministic analyser that applies it.
+"""A deterministic failure analyser for search QA (AIW's heuristic analyser, and a labeller).
 
-Nine types, defined from how episodes in this environment go wrong. The analyser reads the
-trajectory (queries, what came back, the answer) and labels it with the first rule that fires, root
-causes first: a format error explains everything after it, answering without any search explains a
-wrong answer, a loop of repeated queries explains running out of turns. Lessons and queries name the
-question pattern ("two-hop bridge question"), never the surface entity, so failure retrieval groups
-questions by how they must be solved.
+It reads the trajectory (queries, what came back, the answer) and labels it with the first rule of
+RULE_ORDER that fires, root causes first: a format error explains everything after it, answering
+without any search explains a wrong answer, a loop of repeated queries explains running out of turns.
+Lessons and queries come from templates that name the question pattern, never its entities. Gold
+answers, when given, sharpen one rule (verbose_answer); trajectories themselves do not carry them.
 """
 
 from __future__ import annotations
@@ -17,65 +16,8 @@ from dataclasses import dataclass
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
 from roleagent_jax.envs.search_qa.answers import exact_match, normalize_answer
 from roleagent_jax.envs.search_qa.parser import ANSWER, SEARCH, parse_turn
-from roleagent_jax.envs.search_qa.questions import MULTI_HOP_KINDS
-from roleagent_jax.envs.search_qa.tasks import DATASETS
+from roleagent_jax.envs.search_qa.taxonomy import SEARCH_QA_TYPES, is_multi_hop, pattern_of
 from roleagent_jax.types import Trajectory
-
-SEARCH_QA_TYPES: dict[str, str] = {
-    "format_error": "turns without a valid <search> or <answer> block",
-    "no_search": "answered from memory without searching at all",
-    "repeated_query": "searched the same query again and got nothing new",
-    "query_drift": "searched for something the question and the results never mention",
-    "out_of_turns": "kept searching and never gave an answer",
-    "stopped_after_first_hop": "answered a multi-hop question after one search, with an intermediate fact",
-    "verbose_answer": "the answer holds the right entity but adds words, so it does not match exactly",
-    "wrong_entity": "answered with an entity from the results that is not the asked one",
-    "answer_without_evidence": "answered with something no search result contained",
-}
-
-# Phrases small models use for a type instead of its name (checked after exact and fuzzy matching).
-FAILURE_KEYWORDS: tuple[tuple[str, str], ...] = (
-    ("format", "format_error"),
-    ("tag", "format_error"),
-    ("invalid", "format_error"),
-    ("without_search", "no_search"),
-    ("no_search", "no_search"),
-    ("memory", "no_search"),
-    ("repeat", "repeated_query"),
-    ("same_query", "repeated_query"),
-    ("drift", "query_drift"),
-    ("irrelevant", "query_drift"),
-    ("unrelated", "query_drift"),
-    ("turns", "out_of_turns"),
-    ("never_answer", "out_of_turns"),
-    ("first_hop", "stopped_after_first_hop"),
-    ("intermediate", "stopped_after_first_hop"),
-    ("one_hop", "stopped_after_first_hop"),
-    ("verbose", "verbose_answer"),
-    ("extra_word", "verbose_answer"),
-    ("wrong_entity", "wrong_entity"),
-    ("wrong_person", "wrong_entity"),
-    ("hallucinat", "answer_without_evidence"),
-    ("evidence", "answer_without_evidence"),
-    ("not_in_results", "answer_without_evidence"),
-)
-# task type -> distinctive words of its pattern (AIW's fuzzy retrieval)
-PATTERN_KEYWORDS: dict[str, tuple[str, ...]] = {
-    "single_hop": ("single-hop", "one search", "single hop"),
-    "bridge": ("two-hop", "bridge", "intermediate entity", "second hop"),
-    "bridge3": ("three-hop", "third hop", "chain"),
-    "comparison": ("comparison", "compare", "which came first", "earlier"),
-    **{name: (name, hops) for name, (hops, _) in DATASETS.items()},
-}
-
-PATTERNS = {
-    "single_hop": "single-hop question",
-    "bridge": "two-hop bridge question",
-    "bridge3": "three-hop bridge question",
-    "comparison": "comparison question",
-    "single-hop": "single-hop question",
-    "multi-hop": "multi-hop question",
-}
 
 _TEMPLATES: dict[str, tuple[str, str]] = {
     "format_error": (
@@ -120,41 +62,6 @@ _STOP = frozenset(
     "a an the of in on at to is was who what which where when how and or for by from with".split()
 )
 _TOKEN = re.compile(r"[a-z0-9]+")
-
-
-def pattern_of(kind: str) -> str:
-    """The question pattern of a task kind (a generated kind, a dataset name, or its hop class)."""
-    if kind in DATASETS:
-        kind = DATASETS[kind][0]
-    return PATTERNS.get(kind, "question")
-
-
-_DESCRIPTIONS = {
-    "single_hop": "single-hop question: search the named entity, answer with the fact its passage states",
-    "bridge": "two-hop bridge question: search the named entity, then the entity its passage names, answer",
-    "bridge3": "three-hop bridge question: follow three passages from the named entity, answer the last fact",
-    "comparison": "comparison question: search both named entities, compare the stated values, name the winner",
-}
-
-
-def pattern_description(kind: str) -> str:
-    """One line on how questions of this kind are solved (AIW's task descriptions)."""
-    return _DESCRIPTIONS.get(kind, pattern_of(kind))
-
-
-_ENTITY = re.compile(
-    r"(?<!^)(?<![.?!] )\b(?:[A-Z][\w'-]*|\d{3,4})(?:\s+(?:of|at|in|the)?\s*(?:[A-Z][\w'-]*|\d+))*"
-)
-
-
-def abstract_question(question: str) -> str:
-    """The question with its names and years replaced by X, lower-cased ("where was the author of X born?")."""
-    text = _ENTITY.sub("X", " ".join(question.split()))
-    return re.sub(r"\bx\b", "X", text.lower())
-
-
-def is_multi_hop(kind: str) -> bool:
-    return kind in MULTI_HOP_KINDS or (kind in DATASETS and DATASETS[kind][0] == "multi-hop")
 
 
 def _content_words(text: str) -> set[str]:
