@@ -82,6 +82,12 @@ def test_env_observations(family):
     assert not first.done and first.score is None and first.info["valid"]
     bad = env.step("no tags")
     assert bad.done and not bad.won and bad.score == 0.0 and bad.info["valid"] is False  # 2 turns used
+    long = family.make_env(50)  # a generic step budget does not lift the task's limit of 4 turns
+    long.reset(task)
+    assert [long.step("<search>x</search>").done for _ in range(4)] == [False, False, False, True]
+    one_turn = family.task_pool("gen_test", n=3, options={"max_turns": 1})
+    long.reset(one_turn[0])
+    assert long.step("<search>x</search>").done
     with pytest.raises(ValueError, match="is not a search-QA task"):
         env.reset(type(task)("x", "nq", "q?", payload="file.json"))
 

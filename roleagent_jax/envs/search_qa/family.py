@@ -44,6 +44,7 @@ class QAPayload:
     task: QATask
     retriever: tuple  # ("kb", kb_seed, size fields...) | ("http", url) | ("bm25", corpus path)
     topk: int = TOPK
+    max_turns: int = MAX_TURNS
 
 
 _RETRIEVERS: dict[tuple, Retriever] = {}  # per process: one retriever per spec, built on first use
@@ -69,7 +70,11 @@ def retriever_for(spec: tuple) -> Retriever:
 
 
 class SearchQAFamilyEnv:
-    """The contract's Env over `SearchQAEnv`: Task in, Observation out."""
+    """The contract's Env over `SearchQAEnv`: Task in, Observation out.
+
+    An episode lasts at most min(max_steps, the task's max_turns) turns: the paper's limit of 4 turns
+    holds even under a caller's generic step budget (evaluation defaults to 50, expert play to more).
+    """
 
     def __init__(self, max_steps: int):
         self.max_steps = max_steps
@@ -79,7 +84,8 @@ class SearchQAFamilyEnv:
         payload = task.payload
         if not isinstance(payload, QAPayload):
             raise ValueError(f"task {task.id!r} is not a search-QA task (payload {type(payload).__name__})")
-        self._engine = SearchQAEnv(retriever_for(payload.retriever), self.max_steps, payload.topk)
+        turns = min(self.max_steps, payload.max_turns)
+        self._engine = SearchQAEnv(retriever_for(payload.retriever), turns, payload.topk)
         text, info = self._engine.reset(payload.task, expert=expert and bool(payload.task.plan))
         return self._observation(text, 0.0, False, info)
 
@@ -128,9 +134,11 @@ def _mix(options: Mapping[str, Any]) -> dict[str, float]:
     return mix
 
 
-def _play_expert(tasks: Sequence[QATask], retriever: Retriever, topk: int) -> list[tuple[str, ...] | None]:
+def _play_expert(
+    tasks: Sequence[QATask], retriever: Retriever, topk: int, max_turns: int
+) -> list[tuple[str, ...] | None]:
     """Each question's expert responses when the expert, reading real retrievals, answers right."""
-    env = SearchQAEnv(retriever, MAX_TURNS, topk)
+    env = SearchQAEnv(retriever, max_turns, topk)
     plans = []
     for t in tasks:
         _, info = env.reset(t, expert=True)
@@ -159,6 +167,7 @@ class SearchQA(Family):
         "kb_works": KBSize.works,
         "mix": dict(DEFAULT_MIX),
         "topk": TOPK,
+        "max_turns": MAX_TURNS,
         "retriever_url": "",
         "corpus": "",
     }
@@ -192,7 +201,7 @@ class SearchQA(Family):
         tasks: list[QATask] = []
         for part in split.split("+"):
             tasks += _load_part(part.strip(), data_dir)
-        return TaskPool([_task(t, spec, opts["topk"]) for t in tasks], source=f"{split} from {data_dir}")
+        return TaskPool([_task(t, spec, opts) for t in tasks], source=f"{split} from {data_dir}")
 
     def _generated(self, split: str, n: int, seed: int, opts: dict, gen_dir) -> TaskPool:
         if n < 1:
@@ -201,8 +210,8 @@ class SearchQA(Family):
         kb = generate_kb(opts["kb_seed"], size)
         questions = generate_questions(kb, n, GEN_SPLITS[split], seed, _mix(opts))
         spec = ("kb", opts["kb_seed"], size.countries, size.cities, size.people, size.works)
-        plans = _play_expert(questions, retriever_for(spec), opts["topk"])
-        tasks = [_task(q, spec, opts["topk"], plan) for q, plan in zip(questions, plans)]
+        plans = _play_expert(questions, retriever_for(spec), opts["topk"], opts["max_turns"])
+        tasks = [_task(q, spec, opts, plan) for q, plan in zip(questions, plans)]
         source = f"generated {split} n={n} seed={seed} kb_seed={opts['kb_seed']}"
         if gen_dir:
             folder = (
@@ -268,8 +277,8 @@ class SearchQA(Family):
         return taxonomy.pattern_description(task_type)
 
 
-def _task(q: QATask, spec: tuple, topk: int, plan: tuple[str, ...] | None = None) -> Task:
-    return Task(q.id, q.kind, q.question, QAPayload(q, spec, topk), plan)
+def _task(q: QATask, spec: tuple, opts: Mapping[str, Any], plan: tuple[str, ...] | None = None) -> Task:
+    return Task(q.id, q.kind, q.question, QAPayload(q, spec, int(opts["topk"]), int(opts["max_turns"])), plan)
 
 
 def _write_questions(questions: Sequence[QATask], path: Path) -> None:
