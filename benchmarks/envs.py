@@ -21,8 +21,17 @@ import time
 
 from textworld.envs.pddl.logic import GameLogic
 
-from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool, procgen
-from roleagent_jax.envs.alfworld import _logic_for, _read_json, clear_caches, memoize_textworld_parsers
+from roleagent_jax.envs import EnvPool, TaskPool, get_family
+from roleagent_jax.envs.alfworld import procgen
+from roleagent_jax.envs.alfworld.engine import (
+    AlfWorldEnv,
+    _logic_for,
+    clear_caches,
+    memoize_textworld_parsers,
+)
+from roleagent_jax.envs.alfworld.games import generated_pool, read_json
+
+ALFWORLD = get_family("alfworld")
 
 
 def choose(admissible: list[str], seed: int, slot: int, step: int) -> str:
@@ -33,29 +42,28 @@ def run_single(pool: TaskPool, n_envs: int, steps: int, seed: int) -> float:
     """steps/s of n_envs in-process environments stepped one after the other."""
     envs = [AlfWorldEnv(max_steps=10_000) for _ in range(n_envs)]
     tasks = [i % len(pool) for i in range(n_envs)]
-    infos = [env.reset(pool.game_files[t])[1] for env, t in zip(envs, tasks)]  # warm: load + translate
+    obs = [env.reset(pool[t]) for env, t in zip(envs, tasks)]  # warm: load + translate
     start = time.perf_counter()
     for t in range(steps):
         for i, env in enumerate(envs):
-            _, _, done, infos[i] = env.step(choose(infos[i]["admissible_commands"], seed, i, t))
-            if done:
-                infos[i] = env.reset(pool.game_files[tasks[i]])[1]
+            obs[i] = env.step(choose(obs[i].admissible, seed, i, t))
+            if obs[i].done:
+                obs[i] = env.reset(pool[tasks[i]])
     return n_envs * steps / (time.perf_counter() - start)
 
 
 def run_pool(pool: TaskPool, n_envs: int, steps: int, seed: int, workers: int) -> float:
     tasks = [i % len(pool) for i in range(n_envs)]
-    with EnvPool(pool, num_workers=workers, step_timeout=120, max_steps=10_000) as envs:
-        infos = [info for _, info in envs.reset(tasks)]
+    with EnvPool(ALFWORLD, pool, num_workers=workers, step_timeout=120, max_steps=10_000) as envs:
+        obs = envs.reset(tasks)
         start = time.perf_counter()
         for t in range(steps):
-            out = envs.step({i: choose(infos[i]["admissible_commands"], seed, i, t) for i in range(n_envs)})
-            finished = [i for i in range(n_envs) if out[i][2]]
-            for i in range(n_envs):
-                infos[i] = out[i][3]
+            out = envs.step({i: choose(obs[i].admissible, seed, i, t) for i in range(n_envs)})
+            finished = [i for i in range(n_envs) if out[i].done]
+            obs = [out[i] for i in range(n_envs)]
             if finished:  # keep every env playing, as the single-process run does
-                for i, (_, info) in zip(finished, envs.reset([tasks[i] for i in finished])):
-                    infos[i] = info
+                for i, again in zip(finished, envs.reset([tasks[i] for i in finished])):
+                    obs[i] = again
         return n_envs * steps / (time.perf_counter() - start)
 
 
@@ -63,22 +71,23 @@ def time_one_env(pool: TaskPool, repeats: int = 5) -> dict[str, float]:
     """Cold reset (first load of a game in a process), cached reset, and one step, in ms."""
     clear_caches()
     env = AlfWorldEnv(max_steps=10_000)
-    env.reset(pool.game_files[-1])  # builds the engine (planner library copy) outside the timing
+    files = [t.payload for t in pool.tasks]
+    env.reset(files[-1])  # builds the engine (planner library copy) outside the timing
     cold = []
-    for game in pool.game_files[:3]:
+    for game in files[:3]:
         start = time.perf_counter()
         env.reset(game)
         cold.append(time.perf_counter() - start)
     warm, step = [], []
     for r in range(repeats):
-        for game in pool.game_files[:3]:
+        for game in files[:3]:
             start = time.perf_counter()
-            _, info = env.reset(game)
+            obs = env.reset(game)
             warm.append(time.perf_counter() - start)
             for k in range(4):
-                action = choose(info["admissible_commands"], r, 0, k)
+                action = choose(obs.admissible, r, 0, k)
                 start = time.perf_counter()
-                _, _, _, info = env.step(action)
+                obs = env.step(action)
                 step.append(time.perf_counter() - start)
     ms = lambda xs: 1000 * sorted(xs)[len(xs) // 2]  # noqa: E731 (median)
     return {"reset_cold_ms": ms(cold), "reset_cached_ms": ms(warm), "step_ms": ms(step)}
@@ -87,7 +96,7 @@ def time_one_env(pool: TaskPool, repeats: int = 5) -> dict[str, float]:
 def time_logic(pool: TaskPool) -> dict[str, float]:
     """ms per game to build its logic: textworld's own parse of each game's grammar (cold) vs ours, the
     grammar parsed once for all games with each game's task rule on top (memoized parsers)."""
-    games = [_read_json(f) for f in pool.game_files]
+    games = [read_json(t.payload) for t in pool.tasks]
     memoize_textworld_parsers(False)
     whole = 0.0
     for g in games:
@@ -127,7 +136,7 @@ def main() -> None:
     if args.gen_games < 4 * gen_workers:  # generate() runs fewer games than that in one process
         p.error(f"--gen-games must be at least {4 * gen_workers} to use {gen_workers} processes")
     with tempfile.TemporaryDirectory() as tmp:
-        pool = TaskPool.generated(tmp, n=12, seed=0, pool="seen")
+        pool = generated_pool(tmp, n=12, seed=0, pool="seen")
         memoize_textworld_parsers(False)
         plain = time_one_env(pool)
         memoize_textworld_parsers(True)

@@ -42,13 +42,17 @@ def run(config) -> dict:
 
 def panel_success(model_dir: Path, pool, config, draws: int) -> float:
     """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
+    from roleagent_jax.envs import get_family
     from roleagent_jax.evaluate import evaluate
     from roleagent_jax.policy import ModelPolicy
+
+    family = get_family(config.env.name)
 
     temperature = 0.0 if config.eval.greedy else config.eval.temperature
     scores = [
         evaluate(
-            ModelPolicy(model_dir, temperature, seed=draw),
+            ModelPolicy(model_dir, family, temperature, seed=draw),
+            family,
             pool,
             "gen_unseen",
             num_workers=config.env.num_workers,
@@ -86,12 +90,12 @@ def main() -> None:
     start = time.perf_counter()
     pool = None
     if args.panel:
-        from roleagent_jax.envs.alfworld_tasks import TaskPool
+        from roleagent_jax.envs import get_family
 
-        gen = demo_config().env.gen
-        pool = TaskPool.for_split(
-            "gen_unseen", gen_dir=root / "panel_games", gen_n=args.panel, gen_seed=PANEL_GEN_SEED,
-            num_receptacles=gen.num_receptacles, num_objects=gen.num_objects,
+        demo = demo_config()
+        pool = get_family(demo.env.name).task_pool(
+            "gen_unseen", gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,
+            options=demo.env[demo.env.name].to_dict(),
         )  # fmt: skip
     for seed in args.seeds:
         base = demo_config()

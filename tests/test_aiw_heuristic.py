@@ -2,7 +2,10 @@
 
 import pytest
 
-from roleagent_jax.aiw import RULE_ORDER, TAXONOMY, abstract_goal, heuristic_analyse, parse_goal
+from roleagent_jax.aiw import taxonomy
+from roleagent_jax.envs import get_family
+from roleagent_jax.envs.alfworld.goals import abstract_goal, parse_goal
+from roleagent_jax.envs.alfworld.heuristic import RULE_ORDER, heuristic_analyse
 from roleagent_jax.types import Step, Trajectory
 
 NOTHING = "Nothing happens."
@@ -144,7 +147,7 @@ CRAFTED = {
 
 def test_every_type_has_a_crafted_case():
     assert set(CRAFTED) == set(RULE_ORDER)
-    assert set(RULE_ORDER) | {"unknown"} == set(TAXONOMY["alfworld"])
+    assert set(RULE_ORDER) | {"unknown"} == set(taxonomy(get_family("alfworld")))
 
 
 @pytest.mark.parametrize("expected", list(CRAFTED))

@@ -4,13 +4,16 @@ import pytest
 
 from roleagent_jax.aiw import (
     ANALYSIS_STOP,
-    TAXONOMY,
     FailureReport,
     build_analysis_prompt,
     normalize_failure_type,
     parse_failure_report,
+    taxonomy,
 )
+from roleagent_jax.envs import Family, get_family
 from roleagent_jax.types import Step, Trajectory
+
+ALFWORLD = get_family("alfworld")
 
 GOOD = (
     "FAILURE_TYPE: wrong_receptacle\n"
@@ -160,14 +163,14 @@ CASES = [
 
 @pytest.mark.parametrize("text,ftype,step,lesson,query", CASES)
 def test_parser_cases(text, ftype, step, lesson, query):
-    rep = parse_failure_report(text)
+    rep = parse_failure_report(text, ALFWORLD)
     assert isinstance(rep, FailureReport)
     assert rep.failure_type == ftype
     assert rep.critical_step == step
     assert lesson in rep.lesson
     assert query in rep.query
     assert rep.source == "llm"
-    assert rep.failure_type in TAXONOMY["alfworld"]
+    assert rep.failure_type in taxonomy(ALFWORLD)
 
 
 def test_enough_cases():
@@ -175,7 +178,7 @@ def test_enough_cases():
 
 
 def test_unusable_answer_keeps_raw_text():
-    rep = parse_failure_report("the model rambled ☃ about nothing useful")
+    rep = parse_failure_report("the model rambled ☃ about nothing useful", ALFWORLD)
     assert rep.failure_type == "unknown" and not rep.usable
     assert rep.raw == "the model rambled ☃ about nothing useful"
 
@@ -193,7 +196,7 @@ def test_unusable_answer_keeps_raw_text():
     ],
 )
 def test_hostile_inputs_never_raise_and_are_capped(text):
-    rep = parse_failure_report(text)  # type: ignore[arg-type]
+    rep = parse_failure_report(text, ALFWORLD)  # type: ignore[arg-type]
     assert isinstance(rep, FailureReport)
     assert (
         len(rep.raw) <= 4000 and len(rep.detail) <= 400 and len(rep.lesson) <= 400 and len(rep.query) <= 400
@@ -201,17 +204,19 @@ def test_hostile_inputs_never_raise_and_are_capped(text):
 
 
 def test_long_field_is_capped():
-    rep = parse_failure_report("FAILURE_TYPE: navigation_loop\nLESSON: " + "go somewhere new " * 200)
+    rep = parse_failure_report(
+        "FAILURE_TYPE: navigation_loop\nLESSON: " + "go somewhere new " * 200, ALFWORLD
+    )
     assert rep.failure_type == "navigation_loop" and len(rep.lesson) == 400 and rep.lesson.endswith("...")
 
 
 def test_normalize_type_exact_and_fallback():
-    for name in TAXONOMY["alfworld"]:
-        assert normalize_failure_type(name) == name
-        assert normalize_failure_type(name.upper().replace("_", " ")) == name
-    assert normalize_failure_type("") == "unknown"
+    for name in taxonomy(ALFWORLD):
+        assert normalize_failure_type(name, ALFWORLD) == name
+        assert normalize_failure_type(name.upper().replace("_", " "), ALFWORLD) == name
+    assert normalize_failure_type("", ALFWORLD) == "unknown"
     with pytest.raises(ValueError):
-        normalize_failure_type("loop", env="webshop")
+        normalize_failure_type("loop", Family())  # a family without a taxonomy
 
 
 def _traj(n_steps: int) -> Trajectory:
@@ -237,11 +242,11 @@ def _traj(n_steps: int) -> Trajectory:
 
 
 def test_analysis_prompt_structure():
-    p = build_analysis_prompt(_traj(6))
+    p = build_analysis_prompt(_traj(6), ALFWORLD)
     assert "put a clean apple in fridge." in p and "pick_clean_then_place_in_recep" in p
     for field in ("FAILURE_TYPE:", "DETAIL:", "CRITICAL_STEP:", "LESSON:", "QUERY:"):
         assert field in p
-    for name in TAXONOMY["alfworld"][:-1]:
+    for name in taxonomy(ALFWORLD)[:-1]:
         assert name in p
     assert "1. go to desk 0 -> You arrive at desk 0." in p
     assert "4. INVALID:" in p
@@ -249,13 +254,13 @@ def test_analysis_prompt_structure():
 
 
 def test_analysis_prompt_elides_long_episodes():
-    p = build_analysis_prompt(_traj(50), max_steps_shown=8, describe_types=False)
+    p = build_analysis_prompt(_traj(50), ALFWORLD, max_steps_shown=8, describe_types=False)
     assert "1. go to desk 0" in p and "2. go to desk 1" in p and "50. go to desk 49" in p
     assert "(steps omitted)" in p and "10. go to desk 9 " not in p
     assert len(p) < 2000
     # a prompt answered in the requested format parses back
     answer = "FAILURE_TYPE: navigation_loop\nDETAIL: d\nCRITICAL_STEP: 44\nLESSON: l\nQUERY: clean then place loop\n"
-    rep = parse_failure_report(answer + ANALYSIS_STOP)
+    rep = parse_failure_report(answer + ANALYSIS_STOP, ALFWORLD)
     assert (rep.failure_type, rep.critical_step, rep.query) == (
         "navigation_loop",
         44,

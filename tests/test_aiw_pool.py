@@ -15,11 +15,14 @@ from roleagent_jax.aiw import (
     TaskSampler,
     aiw_round,
     format_round,
-    heuristic_analyse,
-    parse_goal,
     plot_aiw_history,
 )
+from roleagent_jax.envs import get_family
+from roleagent_jax.envs.alfworld.goals import parse_goal
+from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
 from roleagent_jax.types import Step, Trajectory
+
+ALFWORLD = get_family("alfworld")
 
 OBJECTS = ["apple", "tomato", "potato", "egg", "bread", "lettuce", "mug", "plate", "cup", "bowl"]
 RECEPS = [
@@ -127,7 +130,7 @@ def run_rounds(tmp_path, failing_type: str, rounds: int, batch: int = 16, cfg=Cf
             if pool.task_types[t] == failing_type
         ]
         reports = [heuristic_analyse(t) for t in failed]
-        metrics = aiw_round(state, failed, reports, pool, cfg, it)
+        metrics = aiw_round(state, failed, reports, pool, ALFWORLD, cfg, it)
         assert metrics["aiw/max_prob"] <= cfg.cap + 1e-12
         assert format_round(metrics, state.history[-1]).startswith("AIW:")
     return pool, state, base
@@ -161,7 +164,7 @@ def test_share_returns_to_base_when_failures_stop(tmp_path):
     pool, state, base = run_rounds(tmp_path, failing, rounds=4)
     mask = np.array([t == failing for t in pool.task_types])
     for it in range(4, 120):
-        aiw_round(state, [], [], pool, Cfg, it)
+        aiw_round(state, [], [], pool, ALFWORLD, Cfg, it)
     assert state.sampler.probs()[mask].sum() == pytest.approx(base, abs=1e-3)
 
 
@@ -177,6 +180,7 @@ def test_aiw_state_round_trip(tmp_path):
         [failed_episode(0, pool.task_types[0], pool.goals[0])],
         [heuristic_analyse(failed_episode(0, pool.task_types[0], pool.goals[0]))],
         pool,
+        ALFWORLD,
         Cfg,
         3,
     )
@@ -201,16 +205,14 @@ def test_round_input_errors(tmp_path):
     pool = make_pool()
     state = AIWState(TaskSampler(len(pool)), FailureMemory(tmp_path / "m.jsonl"))
     with pytest.raises(ValueError, match="reports for"):
-        aiw_round(state, [failed_episode(0, pool.task_types[0], pool.goals[0])], [], pool, Cfg, 0)
+        aiw_round(state, [failed_episode(0, pool.task_types[0], pool.goals[0])], [], pool, ALFWORLD, Cfg, 0)
     small = AIWState(TaskSampler(5), FailureMemory(tmp_path / "n.jsonl"))
     with pytest.raises(ValueError, match="sampler"):
-        aiw_round(small, [], [], pool, Cfg, 0)
+        aiw_round(small, [], [], pool, ALFWORLD, Cfg, 0)
 
 
 def test_real_valid_seen_pool(alfworld_data, tmp_path):
-    from roleagent_jax.envs.alfworld_tasks import TaskPool
-
-    pool = TaskPool.from_split(alfworld_data, "valid_seen")
+    pool = ALFWORLD.task_pool("valid_seen", data_dir=alfworld_data)
     for goal, tt in zip(pool.goals, pool.task_types):  # every real goal parses into the pieces AIW uses
         spec = parse_goal(goal, tt)
         assert spec.obj and (spec.recep or spec.look), goal
@@ -221,6 +223,6 @@ def test_real_valid_seen_pool(alfworld_data, tmp_path):
     for it in range(5):
         tasks = sampler.sample(16)
         failed = [failed_episode(int(t), failing, pool.goals[t], variant=it) for t in tasks if mask[t]]
-        aiw_round(state, failed, [heuristic_analyse(t) for t in failed], pool, Cfg, it)
+        aiw_round(state, failed, [heuristic_analyse(t) for t in failed], pool, ALFWORLD, Cfg, it)
     p = sampler.probs()
     assert p[mask].sum() >= 2 * mask.mean() and p.max() <= Cfg.cap + 1e-12

@@ -6,7 +6,7 @@ the placement, and the analyser must name the skipped precondition at the placin
 
 import pytest
 
-from roleagent_jax.aiw import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
 from roleagent_jax.types import Step, Trajectory
 
 TYPES = ["pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep"]
@@ -14,11 +14,12 @@ TYPES = ["pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep", "pic
 
 @pytest.fixture(scope="module")
 def env_and_games(alfworld_data):
-    from roleagent_jax.envs.alfworld import AlfWorldEnv, list_games, task_type_of
+    from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
+    from roleagent_jax.envs.alfworld.games import list_games, task_type_of
 
     games = list_games(alfworld_data / "json_2.1.1" / "valid_seen")
     first = {t: next(g for g in games if task_type_of(g) == t) for t in TYPES}
-    return AlfWorldEnv(max_steps=50, expert_plan=False), first
+    return AlfWorldEnv(max_steps=50), first
 
 
 @pytest.mark.parametrize(
@@ -26,21 +27,22 @@ def env_and_games(alfworld_data):
 )
 def test_skipped_transform_is_missing_precondition(env_and_games, task_type):
     env, games = env_and_games
-    _, info = env.reset(games[task_type], expert=True)
-    plan = list(info["expert_plan"])
+    plan = list(env.reset(games[task_type], expert=True).expert_plan)
     verb = {"pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
             "pick_cool_then_place_in_recep": "cool"}[task_type]  # fmt: skip
     assert any(a.startswith(verb + " ") for a in plan), plan
     script = [a for a in plan if not a.startswith(verb + " ")]
-    obs, info = env.reset(games[task_type], expert=False)
+    now = env.reset(games[task_type], expert=False)
     steps = []
     for action in script:
-        assert action in info["admissible_commands"], (action, info["admissible_commands"])
-        nxt, reward, done, info = env.step(action)
-        steps.append(Step(obs, [], f"<action>{action}</action>", action, True, reward, nxt, done))
-        obs = nxt
-    assert not info["won"]
-    traj = Trajectory(task_id=0, task_type=task_type, goal=info["goal"], steps=steps)
+        assert action in now.admissible, (action, now.admissible)
+        nxt = env.step(action)
+        steps.append(
+            Step(now.text, [], f"<action>{action}</action>", action, True, nxt.reward, nxt.text, nxt.done)
+        )
+        now = nxt
+    assert not now.won
+    traj = Trajectory(task_id=0, task_type=task_type, goal=now.info["goal"], steps=steps)
     rep = heuristic_analyse(traj)
     assert rep.failure_type == "missing_precondition", rep.detail
     assert rep.critical_step == len(script)  # the placing step, numbered from 1

@@ -9,12 +9,15 @@ from roleagent_jax.aiw import (
     FailureReport,
     TaskIndex,
     build_choice_prompt,
-    heuristic_analyse,
     parse_choice,
     retrieve,
     retrieve_many,
 )
 from roleagent_jax.aiw.retrieval import pattern_similarity
+from roleagent_jax.envs import get_family
+from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+
+ALFWORLD = get_family("alfworld")
 
 POOL = make_pool()
 CLEAN = "pick_clean_then_place_in_recep"
@@ -28,14 +31,14 @@ def clean_report():
 
 def test_fuzzy_retrieves_the_pattern_not_the_object():
     t, rep = clean_report()
-    hits = retrieve(rep, POOL, None, "fuzzy", k=5, exclude=[t])
+    hits = retrieve(rep, POOL, ALFWORLD, None, "fuzzy", k=5, exclude=[t])
     assert len(hits) == 5
     assert all(POOL.task_types[i] == CLEAN and i != t for i, _ in hits)
     assert all(0.0 <= s <= 1.0 for _, s in hits)
     objs = {POOL.goals[i].split()[2] for i, _ in hits}
     assert len(objs) > 1  # different surface objects
     # k larger than the pattern: only tasks that match at all are returned
-    assert len(retrieve(rep, POOL, None, "fuzzy", k=50, exclude=[t])) == 9
+    assert len(retrieve(rep, POOL, ALFWORLD, None, "fuzzy", k=50, exclude=[t])) == 9
 
 
 @pytest.mark.parametrize(
@@ -51,10 +54,10 @@ def test_fuzzy_retrieves_the_pattern_not_the_object():
     ],
 )
 def test_paraphrased_queries_find_their_pattern(query, expected):
-    sims = {tt: pattern_similarity(query, tt) for tt in TYPES}
+    sims = {tt: pattern_similarity(query, tt, ALFWORLD) for tt in TYPES}
     assert max(sims, key=sims.get) == expected
     assert sorted(sims.values())[-2] == 0.0  # nothing else matches
-    hits = retrieve(FailureReport("wrong_receptacle", query=query), POOL, k=4)
+    hits = retrieve(FailureReport("wrong_receptacle", query=query), POOL, ALFWORLD, k=4)
     assert {POOL.task_types[i] for i, _ in hits} == {expected}
 
 
@@ -62,11 +65,13 @@ def test_falls_back_to_lesson_then_own_type():
     rep = FailureReport(
         "navigation_loop", query="the agent walked in circles", lesson="heat it with the microwave first"
     )
-    assert {POOL.task_types[i] for i, _ in retrieve(rep, POOL, k=3)} == {"pick_heat_then_place_in_recep"}
+    assert {POOL.task_types[i] for i, _ in retrieve(rep, POOL, ALFWORLD, k=3)} == {
+        "pick_heat_then_place_in_recep"
+    }
     vague = FailureReport("navigation_loop", query="bad", lesson="do better")
-    hits = retrieve(vague, POOL, k=3, task_type="pick_two_obj_and_place")
+    hits = retrieve(vague, POOL, ALFWORLD, k=3, task_type="pick_two_obj_and_place")
     assert {POOL.task_types[i] for i, _ in hits} == {"pick_two_obj_and_place"}
-    assert retrieve(vague, POOL, k=3) == []
+    assert retrieve(vague, POOL, ALFWORLD, k=3) == []
 
 
 def test_memory_pulls_tasks_that_failed_the_same_way(tmp_path):
@@ -75,17 +80,17 @@ def test_memory_pulls_tasks_that_failed_the_same_way(tmp_path):
     past = FailureReport("navigation_loop", query="walked between bed and desk in circles")
     mem.add(0, failed_episode(look_task, POOL.task_types[look_task], POOL.goals[look_task]), past)
     rep = FailureReport("navigation_loop", query="walked between bed and desk in circles again")
-    hits = dict(retrieve(rep, POOL, mem, k=3))
+    hits = dict(retrieve(rep, POOL, ALFWORLD, mem, k=3))
     assert look_task in hits and 0.6 <= hits[look_task] <= 0.8
     # a different failure type does not match the memory record
-    assert retrieve(FailureReport("wrong_receptacle", query=rep.query), POOL, mem, k=3) == []
+    assert retrieve(FailureReport("wrong_receptacle", query=rep.query), POOL, ALFWORLD, mem, k=3) == []
 
 
 def test_ties_are_broken_by_seed():
     _, rep = clean_report()
-    a = retrieve(rep, POOL, k=3, seed=1)
-    assert a == retrieve(rep, POOL, k=3, seed=1)
-    picks = {tuple(i for i, _ in retrieve(rep, POOL, k=3, seed=s)) for s in range(6)}
+    a = retrieve(rep, POOL, ALFWORLD, k=3, seed=1)
+    assert a == retrieve(rep, POOL, ALFWORLD, k=3, seed=1)
+    picks = {tuple(i for i, _ in retrieve(rep, POOL, ALFWORLD, k=3, seed=s)) for s in range(6)}
     assert len(picks) > 1
 
 
@@ -109,13 +114,13 @@ def bag_embed(texts):
 
 def test_embedding_mode_uses_cosine_of_caller_embeddings():
     _, rep = clean_report()
-    hits = retrieve(rep, POOL, mode="embedding", k=4, embed_fn=bag_embed)
+    hits = retrieve(rep, POOL, ALFWORLD, mode="embedding", k=4, embed_fn=bag_embed)
     assert {POOL.task_types[i] for i, _ in hits} == {CLEAN}
     assert all(0 < s <= 1 for _, s in hits)
     with pytest.raises(ValueError, match="embed_fn"):
-        retrieve(rep, POOL, mode="embedding")
+        retrieve(rep, POOL, ALFWORLD, mode="embedding")
     with pytest.raises(ValueError, match="shape"):
-        retrieve(rep, POOL, mode="embedding", embed_fn=lambda texts: np.ones((2, 3)))
+        retrieve(rep, POOL, ALFWORLD, mode="embedding", embed_fn=lambda texts: np.ones((2, 3)))
 
 
 def test_llm_mode_parses_choices_and_falls_back():
@@ -126,14 +131,16 @@ def test_llm_mode_parses_choices_and_falls_back():
         prompts_seen.extend(prompts)
         return ["CHOICE: 2, 1, 2, 99", "no idea"]
 
-    out = retrieve_many([rep, rep], POOL, mode="llm", k=2, choose_fn=choose, task_types=[CLEAN, CLEAN])
+    out = retrieve_many(
+        [rep, rep], POOL, ALFWORLD, mode="llm", k=2, choose_fn=choose, task_types=[CLEAN, CLEAN]
+    )
     assert len(prompts_seen) == 2 and "Candidates:" in prompts_seen[0]
-    cands = retrieve_many([rep], POOL, mode="fuzzy", k=8)[0]
+    cands = retrieve_many([rep], POOL, ALFWORLD, mode="fuzzy", k=8)[0]
     assert [t for t, _ in out[0]] == [cands[1][0], cands[0][0]]
     assert all(s >= 0.5 for _, s in out[0])
     assert len(out[1]) == 2 and all(POOL.task_types[t] == CLEAN for t, _ in out[1])  # fuzzy fallback
     with pytest.raises(ValueError, match="choose_fn"):
-        retrieve(rep, POOL, mode="llm")
+        retrieve(rep, POOL, ALFWORLD, mode="llm")
 
 
 @pytest.mark.parametrize(
@@ -154,15 +161,15 @@ def test_parse_choice(text, expected):
 
 
 def test_choice_prompt_and_index():
-    idx = TaskIndex.build(POOL)
+    idx = TaskIndex.build(POOL, ALFWORLD)
     assert len(idx) == 60 and idx.types == sorted(TYPES)
     p = build_choice_prompt(FailureReport("wrong_receptacle", query="q"), idx, [0, 1], 2)
     assert "1. " + POOL.goals[0] in p and "CHOICE" in p
     assert "X" in idx.description(0)
     with pytest.raises(ValueError):
-        TaskIndex.build(type("P", (), {"goals": ["a"], "task_types": []})())
+        TaskIndex.build(type("P", (), {"goals": ["a"], "task_types": []})(), ALFWORLD)
     with pytest.raises(ValueError):
-        retrieve(FailureReport(), POOL, mode="bm25")
+        retrieve(FailureReport(), POOL, ALFWORLD, mode="bm25")
 
 
 def test_llm_mode_offers_candidates_even_without_fuzzy_matches():
@@ -173,7 +180,7 @@ def test_llm_mode_offers_candidates_even_without_fuzzy_matches():
         seen.extend(prompts)
         return ["CHOICE: 1"]
 
-    hits = retrieve(vague, POOL, mode="llm", k=2, choose_fn=choose)
+    hits = retrieve(vague, POOL, ALFWORLD, mode="llm", k=2, choose_fn=choose)
     assert seen[0].count("\n") >= 8  # 8 candidates listed
     assert len(hits) == 1 and hits[0][1] == 0.5
-    assert retrieve(vague, POOL, mode="llm", k=2, choose_fn=lambda p: ["no"]) == []
+    assert retrieve(vague, POOL, ALFWORLD, mode="llm", k=2, choose_fn=lambda p: ["no"]) == []

@@ -37,6 +37,13 @@ def test_bad_values_are_named():
     assert "rollout.group_size=0" in msg
 
 
+def test_unknown_environment_names_the_known_families():
+    c = load("base")
+    c.env.name = "nope"
+    with pytest.raises(ValueError, match=r"env.name='nope': must be one of alfworld"):
+        validate(c)
+
+
 def test_own_warmstart_games_need_a_count():
     c = load("base")
     c.warmstart.own_games = True

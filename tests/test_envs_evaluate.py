@@ -25,6 +25,7 @@ def test_panel_does_not_depend_on_workers_or_batching(gen_root):
         b = ev.run_episodes(policy, ALFWORLD, envs, [0, 1, 2, 3], max_steps=6) + ev.run_episodes(
             policy, ALFWORLD, envs, [4, 5], 6
         )
+
     def played(trajs):  # what happened, not where in the batch it was played
         return [(t.task_id, t.task_type, t.won, t.steps, t.env_failed) for t in trajs]
 

@@ -4,7 +4,12 @@ import random
 
 import pytest
 
-from roleagent_jax.envs.prompts import ACTION_STOP, build_agent_prompt, clean_observation, parse_action
+from roleagent_jax.envs.alfworld.prompts import (
+    ACTION_STOP,
+    build_agent_prompt,
+    clean_observation,
+    parse_action,
+)
 
 ADM = ["go to cabinet 1", "go to countertop 1", "take apple 1 from countertop 1", "look", "inventory"]
 INTRO = (

@@ -9,7 +9,6 @@ from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import SampleResult
 from roleagent_jax.tokenizer import train_bpe_tokenizer
 
-
 ALFWORLD = get_family("alfworld")
 
 

@@ -32,8 +32,8 @@ def tiny_config(workdir: Path, iterations: int):
     c.model.init.num_key_value_heads = 1
     c.tokenizer.train_vocab_size = 400
     c.env.gen.n_train = 4
-    c.env.gen.num_receptacles = 4
-    c.env.gen.num_objects = 2
+    c.env.alfworld.num_receptacles = 4
+    c.env.alfworld.num_objects = 2
     c.env.max_steps = 3
     c.env.eval_splits = ()
     c.rollout.tasks_per_iter = 2
@@ -75,21 +75,23 @@ def assert_same_params(a, b):
 
 def test_warmstart_plays_its_own_games_when_asked(tmp_path):
     """own_games: the expert's games come from their own seed, none of them is an RL game."""
+    from roleagent_jax.envs import get_family
     from roleagent_jax.trainer import Trainer, make_task_pool
 
     c = tiny_config(tmp_path, 0)
     c.env.gen.n_train, c.warmstart.n_games = 3, 2
-    train = make_task_pool(c, "gen_seen", tmp_path, "train")
-    holder = SimpleNamespace(config=c, train_pool=train, workdir=tmp_path)
+    family = get_family("alfworld")
+    train = make_task_pool(c, family, "gen_seen", tmp_path, "train")
+    holder = SimpleNamespace(config=c, train_pool=train, workdir=tmp_path, family=family)
     c.warmstart.own_games = False
-    assert Trainer._warmstart_pool(holder).game_files == train.game_files[:2]
+    assert Trainer._warmstart_pool(holder).tasks == train.tasks[:2]
     c.warmstart.own_games = True
     own = Trainer._warmstart_pool(holder)
 
     def games(pool):  # the game itself, without its file name (which carries seed and index)
-        return {re.sub(r"gen\d+_seen_\d+", "", Path(f).read_text()) for f in pool.game_files}
+        return {re.sub(r"gen\d+_seen_\d+", "", Path(t.payload).read_text()) for t in pool.tasks}
 
-    assert len(own) == 2 and not set(own.game_files) & set(train.game_files)
+    assert len(own) == 2 and not {t.id for t in own.tasks} & {t.id for t in train.tasks}
     assert not games(own) & games(train)
     assert sorted(own.expert_plans) == [0, 1]
 
@@ -180,8 +182,8 @@ def cli(workdir: Path, *overrides: str) -> list[str]:
         "--config.model.init.hidden_size=32", "--config.model.init.intermediate_size=64",
         "--config.model.init.num_hidden_layers=1", "--config.model.init.num_attention_heads=2",
         "--config.model.init.num_key_value_heads=1", "--config.tokenizer.train_vocab_size=400",
-        "--config.env.gen.n_train=4", "--config.env.gen.n_eval=2", "--config.env.gen.num_receptacles=4",
-        "--config.env.gen.num_objects=2", "--config.env.max_steps=3", "--config.rollout.tasks_per_iter=2",
+        "--config.env.gen.n_train=4", "--config.env.gen.n_eval=2", "--config.env.alfworld.num_receptacles=4",
+        "--config.env.alfworld.num_objects=2", "--config.env.max_steps=3", "--config.rollout.tasks_per_iter=2",
         "--config.rollout.group_size=2", "--config.rollout.max_response_tokens=8", "--config.wia.max_tokens=8",
         "--config.warmstart.steps=2", "--config.warmstart.batch_rows=4", "--config.warmstart.n_games=4",
         "--config.train.mini_batch_rows=8", "--config.train.micro_batch_rows=4",
@@ -252,6 +254,8 @@ def test_cli_rejects_bad_values(tmp_path):
     assert out.returncode != 0 and "advantage.mode='zscore'" in out.stderr
     out = run_cmd(cli(tmp_path / "bad", "--config.no_such_key=1"), 300)
     assert out.returncode != 0 and "no_such_key" in out.stderr
+    out = run_cmd(cli(tmp_path / "bad", "--config.env.name=nope"), 300)
+    assert out.returncode == 2 and "--config.env.name='nope': must be one of alfworld" in out.stderr
 
 
 @pytest.mark.slow

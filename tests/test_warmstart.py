@@ -6,13 +6,16 @@ import re
 import numpy as np
 import pytest
 
-from roleagent_jax.envs import AlfWorldEnv, EnvPool, TaskPool
+from roleagent_jax.envs import EnvPool, TaskPool, get_family
+from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, length_grouped_batches
+
+ALFWORLD = get_family("alfworld")
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory) -> TaskPool:
-    return TaskPool.generated(tmp_path_factory.mktemp("games"), n=6, seed=5, pool="seen")
+    return ALFWORLD.task_pool("gen_seen", gen_dir=tmp_path_factory.mktemp("games"), n=6, seed=5)
 
 
 def label_of(step) -> str:
@@ -20,9 +23,9 @@ def label_of(step) -> str:
 
 
 def test_detours_are_labelled_with_the_replanned_expert_command(pool):
-    with EnvPool(pool, num_workers=2, max_steps=50) as envs:
-        trajs = expert_episodes(envs, list(range(len(pool))), 50, explore=0.4, seed=0)
-        plain = expert_episodes(envs, list(range(len(pool))), 50)
+    with EnvPool(ALFWORLD, pool, num_workers=2, max_steps=50) as envs:
+        trajs = expert_episodes(ALFWORLD, envs, list(range(len(pool))), 50, explore=0.4, seed=0)
+        plain = expert_episodes(ALFWORLD, envs, list(range(len(pool))), 50)
     assert all(t.won for t in trajs) and all(t.won for t in plain)
     detours = sum(label_of(s) != s.action for t in trajs for s in t.steps)
     assert detours >= 3, "explore=0.4 should leave the plan on several steps"
@@ -30,31 +33,31 @@ def test_detours_are_labelled_with_the_replanned_expert_command(pool):
     assert sum(len(t.steps) for t in trajs) > sum(len(t.steps) for t in plain)
     # Independent check: replay the commands actually played on a fresh engine; at every state the
     # engine's own expert plan must start with the recorded label, and the observations must agree.
-    env = AlfWorldEnv(max_steps=50, expert_plan=True)
+    env = AlfWorldEnv(max_steps=50)
     for traj in trajs:
-        obs, info = env.reset(pool.game_files[traj.task_id])
+        obs = env.reset(pool[traj.task_id], expert=True)
         for step in traj.steps:
-            assert step.observation == obs
-            assert info["expert_plan"][0] == label_of(step)
-            obs, _, _, info = env.step(step.action)
-            assert step.next_observation == obs
-        assert info["won"]
+            assert step.observation == obs.text
+            assert obs.expert_plan[0] == label_of(step)
+            obs = env.step(step.action)
+            assert step.next_observation == obs.text
+        assert obs.won
 
 
 def test_known_plans_replay_without_the_planner_and_give_the_planners_episodes(pool):
     """Generated games keep the planner's winning plan: replaying it (planner off) gives the same episodes."""
-    bare = TaskPool.from_files(pool.game_files)  # same games, plans unknown: the planner plays
+    bare = TaskPool([dataclasses.replace(t, expert_plan=None) for t in pool.tasks])  # the planner plays
     assert len(pool.expert_plans) == len(pool) and not bare.expert_plans
     episodes, expert_flags = {}, {}
     for name, tasks in (("replay", pool), ("planner", bare)):
-        with EnvPool(tasks, num_workers=2, max_steps=50) as envs:
+        with EnvPool(ALFWORLD, tasks, num_workers=2, max_steps=50) as envs:
 
             def spy(ids, expert=None, _reset=envs.reset, _name=name):
                 expert_flags[_name] = expert
                 return _reset(ids, expert)
 
             envs.reset = spy
-            episodes[name] = expert_episodes(envs, list(range(len(pool))), 50)
+            episodes[name] = expert_episodes(ALFWORLD, envs, list(range(len(pool))), 50)
     assert expert_flags == {"replay": False, "planner": True}
     assert all(t.won for t in episodes["replay"])
     assert [dataclasses.asdict(t) for t in episodes["replay"]] == [
@@ -63,9 +66,9 @@ def test_known_plans_replay_without_the_planner_and_give_the_planners_episodes(p
 
 
 def test_examples_train_the_label_and_show_the_played_history(pool):
-    with EnvPool(pool, num_workers=2, max_steps=50) as envs:
-        trajs = expert_episodes(envs, [0, 1], 50, explore=0.5, seed=3)
-    examples = examples_from_episodes(trajs, history_k=1, horizon=1, predictor=False)
+    with EnvPool(ALFWORLD, pool, num_workers=2, max_steps=50) as envs:
+        trajs = expert_episodes(ALFWORLD, envs, [0, 1], 50, explore=0.5, seed=3)
+    examples = examples_from_episodes(trajs, ALFWORLD, history_k=1, horizon=1, predictor=False)
     agent = [e for e in examples if e.role == "agent"]
     assert [e.target for e in agent] == [s.response for t in trajs for s in t.steps]
     checked, offset = 0, 0
@@ -81,7 +84,7 @@ def test_examples_train_the_label_and_show_the_played_history(pool):
 @pytest.mark.parametrize("explore", [-0.1, 1.0])
 def test_explore_out_of_range(explore):
     with pytest.raises(ValueError, match="explore"):
-        expert_episodes(None, [], 10, explore=explore)
+        expert_episodes(ALFWORLD, None, [], 10, explore=explore)
 
 
 def test_length_grouped_batches_cover_every_row_once_per_epoch_with_little_padding():

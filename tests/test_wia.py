@@ -7,6 +7,10 @@ import numpy as np
 import pytest
 
 from roleagent_jax import wia
+from roleagent_jax.advantages import discounted_returns, gigpo_advantages
+from roleagent_jax.envs import PredictorFraming, get_family
+
+ALFWORLD = get_family("alfworld")
 
 
 def lcs_len(a: str, b: str) -> int:
@@ -84,22 +88,26 @@ def test_batch_equals_scalar():
 
 
 def test_predictor_prompt_and_format_roundtrip():
-    p = wia.build_predictor_prompt(
+    p = ALFWORLD.predictor_prompt(
         "put a clean apple in fridge.",
         [("You are in the middle of a room.", "go to countertop 1")],
         "You arrive at countertop 1. On the countertop 1, you see a apple 1.",
         "take apple 1 from countertop 1",
         horizon=2,
     )
+    assert p.startswith(ALFWORLD.predictor_framing.intro) and "next 2 game replies" in p
     assert "put a clean apple in fridge." in p and "take apple 1 from countertop 1" in p
     assert "<obs2>" in p and wia.PREDICT_STOP in p
     assert len(p) < 1200  # must fit a tiny model's context
-    long = wia.build_predictor_prompt("g", [("x" * 5000, "y")], "z" * 5000, "a", 1, obs_chars=100)
+    framing = PredictorFraming()
+    long = wia.build_predictor_prompt(
+        "g", [("x" * 5000, "y")], "z" * 5000, "a", 1, framing=framing, obs_chars=100
+    )
     assert len(long) < 600
     target = wia.format_predictions(["You pick up the apple 1.", "You arrive at sinkbasin 1."])
     assert wia.parse_predictions(target, 2) == ["You pick up the apple 1.", "You arrive at sinkbasin 1."]
     with pytest.raises(ValueError):
-        wia.build_predictor_prompt("g", [], "o", "a", 0)
+        wia.build_predictor_prompt("g", [], "o", "a", 0, framing=framing)
 
 
 @pytest.mark.parametrize(
@@ -211,17 +219,22 @@ def test_score_batch_matches_single_and_merges_stats():
 
 def test_shaping_keeps_failures_at_zero_and_scales_success():
     r_pre = np.array([0.9, 1.0, 0.3, 0.7], np.float32)
-    failed = wia.shaped_returns([0, 0, 0, 0], r_pre, gamma=0.95, lam=1.0)
+
+    def shaped(rewards, gamma, lam=1.0):  # R_t = G_t * (1 + lam R_pre), as gigpo_advantages applies it
+        g = discounted_returns(rewards, [0] * len(rewards), range(len(rewards)), gamma=gamma)
+        return g * wia.return_multiplier(r_pre, lam)
+
+    failed = shaped([0, 0, 0, 0], gamma=0.95)
     assert np.all(failed == 0.0)
-    won = wia.shaped_returns([0, 0, 0, 10], r_pre, gamma=0.5, lam=1.0)
+    won = shaped([0, 0, 0, 10], gamma=0.5)
     g = np.array([1.25, 2.5, 5.0, 10.0])
     np.testing.assert_allclose(won, g * (1 + r_pre.astype(np.float64)), rtol=1e-6)
     np.testing.assert_allclose(wia.return_multiplier(r_pre, lam=0.2), 1 + 0.2 * r_pre, rtol=1e-6)
     assert wia.return_multiplier(np.zeros(3)).tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError):
         wia.return_multiplier(np.array([1.5]))
-    with pytest.raises(ValueError):
-        wia.shaped_returns([1.0, 2.0], [0.1], gamma=0.9)
+    with pytest.raises(ValueError):  # one multiplier per row
+        gigpo_advantages([1.0, 2.0], [0, 0], [0, 0], [0, 1], [1, 2], [True, True], return_multiplier=[1.1])
 
 
 def test_prediction_mask_is_seeded_and_hits_the_fraction():
@@ -232,18 +245,3 @@ def test_prediction_mask_is_seeded_and_hits_the_fraction():
     assert abs(m1.mean() - 0.25) < 0.03
     assert wia.prediction_mask(0, 0, ids, 0, 1.0).all()
     assert not wia.prediction_mask(0, 0, ids, 0, 0.0).any()
-
-
-def test_config_validation():
-    cfg = wia.WIAConfig(mode="inline", horizon=1, lam=0.2, backend="difflib")
-    assert cfg.mode == "inline"
-    for bad in (
-        {"mode": "both"},
-        {"horizon": 0},
-        {"fraction": 1.5},
-        {"backend": "x"},
-        {"lam": -1},
-        {"discount": 0},
-    ):
-        with pytest.raises(ValueError):
-            wia.WIAConfig(**bad)

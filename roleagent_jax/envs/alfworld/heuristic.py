@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roleagent_jax.aiw.patterns import APPLIANCE_OF_TRANSFORM, GoalSpec, parse_goal, pattern_name
 from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+from roleagent_jax.envs.alfworld.goals import APPLIANCE_OF_TRANSFORM, GoalSpec, parse_goal, pattern_name
 from roleagent_jax.types import Trajectory
 
 _GO = re.compile(r"^go to (.+)$")
