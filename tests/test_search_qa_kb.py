@@ -1,5 +1,6 @@
 """The generated knowledge base, its questions and splits, the expert and the two baselines."""
 
+import random
 import re
 from collections import Counter
 
@@ -127,7 +128,11 @@ def test_expert_and_baselines_on_200_held_out_questions(kb, retriever):
     tasks = generate_questions(kb, 200, "test", seed=0)
     env = SearchQAEnv(retriever)
     expert = _play(env, tasks, lambda i, q, obs, info, h: info["expert_plan"][0])
-    rnd = _play(env, tasks, lambda i, q, obs, info, h: random_response(0, i, len(h), q.question, obs))
+    rnd = _play(
+        env,
+        tasks,
+        lambda i, q, obs, info, h: random_response(random.Random(f"0:{i}:{len(h)}"), q.question, obs),
+    )
     nosearch = _play(env, tasks, lambda i, q, obs, info, h: nosearch_response(q.question))
 
     def em(by_kind):
@@ -161,10 +166,16 @@ def test_expert_reads_retrieved_text_not_records(kb):
 
 
 def test_baselines_are_reproducible():
-    a = [random_response(3, 7, t, "Where was Alven Moradi born?", "Doc 1(Title: X) y") for t in range(4)]
-    assert a == [
-        random_response(3, 7, t, "Where was Alven Moradi born?", "Doc 1(Title: X) y") for t in range(4)
-    ]
+    def draw(t):
+        return random_response(
+            random.Random(f"3:7:{t}"), "Where was Alven Moradi born?", "Doc 1(Title: Xy) z"
+        )
+
+    responses = [draw(t) for t in range(20)]
+    assert responses == [draw(t) for t in range(20)]
+    assert {r[:8] for r in responses} == {"<search>", "<answer>"}  # both kinds of turn
+    words = {"Where", "was", "Alven", "Moradi", "born", "Doc", "1", "Title", "Xy", "z"}
+    assert all(set(r.split(">", 1)[1].split("<", 1)[0].split()) <= words for r in responses)
     assert first_name_in("Who was born first, Alven Moradi or Sel Kavo?") == "Alven Moradi"
     assert first_name_in("Where was the author of The Last Nybi born?") == "The Last Nybi"
     assert nosearch_response("In which country is Tarsk?") == "<answer>Tarsk</answer>"

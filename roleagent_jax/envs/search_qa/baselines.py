@@ -1,8 +1,8 @@
 """Reference policies without a model: a random one and one that answers without searching.
 
 Both are lower bounds for the generated questions. The random policy searches or answers with random
-words of the question and of what it has read (seeded by (seed, task, turn), so a panel replays
-exactly). The no-search policy answers at once with the first name the question mentions: for a
+words of the question and of what it has read (with the caller's generator: evaluation seeds it by
+(seed, task, turn), so a panel replays exactly). The no-search policy answers at once with the first name the question mentions: for a
 comparison that is one of the two options, right half the time, and that is the only kind it can get
 right.
 """
@@ -17,9 +17,8 @@ _OPTIONS = re.compile(r",\s*(.+?)\s+or\s+(.+?)\?\s*$")
 _NAME = re.compile(r"\b[A-Z][a-z0-9']+(?:\s+(?:of|at|in)?\s*[A-Z][a-z0-9']+)*")
 
 
-def random_response(seed: int, task_id: int, turn: int, question: str, observation: str) -> str:
+def random_response(rng: random.Random, question: str, observation: str) -> str:
     """Search (half the time) or answer with 1-3 random words of the question and the last observation."""
-    rng = random.Random(f"{seed}:{task_id}:{turn}")
     words = _WORD.findall(question) + _WORD.findall(observation)
     text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) if words else "unknown"
     return f"<search>{text}</search>" if rng.random() < 0.5 else f"<answer>{text}</answer>"

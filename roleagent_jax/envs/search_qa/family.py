@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
-from roleagent_jax.envs.search_qa import prompts, taxonomy
+from roleagent_jax.envs.search_qa import baselines, prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, SearchQAEnv
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
@@ -158,6 +158,7 @@ class SearchQA(Family):
     action_stop = "</search>"
     empty_action = ""
     has_expert = True
+    score_name = "em"
     generated_splits = tuple(GEN_SPLITS)
     gen_options = {
         "kb_seed": 0,
@@ -254,6 +255,9 @@ class SearchQA(Family):
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
         turn = parse_turn(response)
         return turn.action, turn.valid
+
+    def random_response(self, rng, goal: str, observation: Observation) -> str:
+        return baselines.random_response(rng, goal, observation.text)
 
     def format_action(self, action: str) -> str:
         """Actions are already responses: "<search>query</search>" or "<answer>text</answer>"."""
