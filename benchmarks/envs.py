@@ -29,7 +29,8 @@ from roleagent_jax.envs.alfworld.engine import (
     clear_caches,
     memoize_textworld_parsers,
 )
-from roleagent_jax.envs.alfworld.games import generated_pool, read_json
+from roleagent_jax.envs.alfworld.games import read_json
+from roleagent_jax.envs.alfworld.procgen import generated_pool
 
 ALFWORLD = get_family("alfworld")
 

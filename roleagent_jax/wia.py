@@ -100,16 +100,8 @@ def build_predictor_prompt(
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")
-    intro, reply, replies = (
-        (framing.intro, framing.reply, framing.replies)
-        if framing is not None
-        else (
-            "Act as the game engine. Predict what the game prints next.",
-            "the game's reply",
-            "game replies",
-        )
-    )
-    lines = [intro, f"Task: {_clip(goal, 160)}"]
+    reply, replies = framing.reply, framing.replies
+    lines = [framing.intro, f"Task: {_clip(goal, 160)}"]
     recent = list(history)[-history_k:] if history_k > 0 else []
     for obs, act in recent:
         lines.append(f"Seen: {_clip(obs, obs_chars)}")

@@ -11,7 +11,8 @@ import pytest
 from roleagent_jax.envs import TaskPool
 from roleagent_jax.envs.alfworld import procgen
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
-from roleagent_jax.envs.alfworld.games import TASK_TYPES, WIN_REWARD, generated_pool
+from roleagent_jax.envs.alfworld.games import TASK_TYPES, WIN_REWARD
+from roleagent_jax.envs.alfworld.procgen import generated_pool
 
 
 def game_files(pool: TaskPool) -> list[str]:

@@ -67,9 +67,9 @@ class AlfWorld(Family):
             if n < 1:
                 raise ValueError(f"a generated split needs n >= 1 games, got {n}")
             size = self.resolve_options(options)
-            return games.generated_pool(
-                gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size
-            )
+            from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
+
+            return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
         return games.pool_from_split(data_dir or None, split)
 
     def agent_prompt(

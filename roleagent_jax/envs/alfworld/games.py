@@ -6,11 +6,9 @@ Light on purpose (no textworld): the trainer reads task pools in the main proces
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import OrderedDict
-from dataclasses import asdict
 from pathlib import Path
 
 from roleagent_jax.envs.base import Task, TaskPool
@@ -156,20 +154,3 @@ def pool_from_dir(folder: str | os.PathLike) -> TaskPool:
 def pool_from_split(data_dir: str | os.PathLike | None, split: str) -> TaskPool:
     """A real ALFWorld split, e.g. valid_seen, from `data_dir` (None: $ALFWORLD_DATA)."""
     return pool_from_dir(split_dir(data_dir, split))
-
-
-def generated_pool(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", **size) -> TaskPool:
-    """n procedurally generated games (reused when out_dir already holds the same set), with their plans.
-
-    `size` takes procgen.GenSize fields: num_receptacles, num_objects, extra_targets (int or (lo, hi)),
-    max_expert_steps. Different settings go to different sub-folders of out_dir.
-    """
-    from roleagent_jax.envs.alfworld import procgen  # the generator (and the engine) only when needed
-
-    gen_size = procgen.GenSize(**size)
-    tag = hashlib.sha1(json.dumps(asdict(gen_size), sort_keys=True).encode()).hexdigest()[:8]
-    folder = Path(out_dir) / f"{pool}_n{n}_seed{seed}_{tag}"
-    made = procgen.generate(folder, n, seed, pool, gen_size)
-    known = made.manifest.get("expert_plans", {})
-    plans = {str(folder / rel): plan for rel, plan in known.items()}
-    return pool_from_files(made.game_files, source=str(folder), plans=plans)

@@ -26,7 +26,8 @@ import alfworld
 from alfworld.gen.goal_library import gdict
 
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv, memoize_textworld_parsers
-from roleagent_jax.envs.alfworld.games import GAME_FILE, TASK_TYPES
+from roleagent_jax.envs.alfworld.games import GAME_FILE, TASK_TYPES, pool_from_files
+from roleagent_jax.envs.base import TaskPool
 from roleagent_jax.envs.pool import SPAWN, main_hidden
 
 _DATA = Path(alfworld.__file__).resolve().parent / "data"
@@ -614,3 +615,18 @@ def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", 
     manifest = {"params": params, "games": sorted(games), "expert_plans": plans}
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return GeneratedSet(folder, sorted(str(folder / g) for g in games), manifest)
+
+
+def generated_pool(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", **size) -> TaskPool:
+    """n procedurally generated games (reused when out_dir already holds the same set), with their plans.
+
+    `size` takes GenSize fields: num_receptacles, num_objects, extra_targets (int or (lo, hi)),
+    max_expert_steps. Different settings go to different sub-folders of out_dir.
+    """
+    gen_size = GenSize(**size)
+    tag = hashlib.sha1(json.dumps(asdict(gen_size), sort_keys=True).encode()).hexdigest()[:8]
+    folder = Path(out_dir) / f"{pool}_n{n}_seed{seed}_{tag}"
+    made = generate(folder, n, seed, pool, gen_size)
+    known = made.manifest.get("expert_plans", {})
+    plans = {str(folder / rel): plan for rel, plan in known.items()}
+    return pool_from_files(made.game_files, source=str(folder), plans=plans)
