@@ -13,8 +13,6 @@ invalid-format penalty 0.01, one pass over the training questions.
 
 import os
 
-from ml_collections import ConfigDict
-
 from configs import base
 from roleagent_jax.envs.search_qa import INVALID_PENALTY, MAX_TURNS, TOPK
 from roleagent_jax.envs.search_qa.tasks import DATASETS, TRAIN_SETS
@@ -36,9 +34,7 @@ def get_config():
     c.env.max_steps = MAX_TURNS
     c.env.history_k = MAX_TURNS  # every earlier search and its results
     c.env.num_workers = 16
-    c.env.search_qa = ConfigDict()
     c.env.search_qa.retriever_url = os.environ.get("SEARCH_QA_RETRIEVER", "http://127.0.0.1:8000/retrieve")
-    c.env.search_qa.corpus = ""  # or a JSONL corpus for a local BM25 index instead of the server
     c.env.search_qa.topk = TOPK
     c.env.search_qa.max_turns = MAX_TURNS
 

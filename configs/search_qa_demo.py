@@ -9,10 +9,8 @@ then Role-Agent RL (GiGPO + WIA + AIW with the heuristic analyser) trains on hel
 Evaluation, before and after RL, asks held-out questions about entities no training question names.
 """
 
-from ml_collections import ConfigDict
-
 from configs import base
-from roleagent_jax.envs.search_qa import INVALID_PENALTY, MAX_TURNS, TOPK
+from roleagent_jax.envs.search_qa import INVALID_PENALTY, MAX_TURNS
 
 
 def get_config():
@@ -39,18 +37,8 @@ def get_config():
     c.env.gen.n_train = 400
     c.env.gen.n_eval = 96  # held-out questions; one question = 1.04 points
     c.env.gen.seed = 0
-    c.env.search_qa = ConfigDict()
-    c.env.search_qa.kb_seed = 0
-    c.env.search_qa.kb_countries = 10
-    c.env.search_qa.kb_cities = 50
-    c.env.search_qa.kb_people = 160
-    c.env.search_qa.kb_works = 240
     # Three-hop chains make prompts long for a 1k-token model: the demo asks the other three kinds.
     c.env.search_qa.mix = {"single_hop": 0.4, "bridge": 0.4, "comparison": 0.2}
-    c.env.search_qa.topk = TOPK
-    c.env.search_qa.max_turns = MAX_TURNS
-    c.env.search_qa.retriever_url = ""
-    c.env.search_qa.corpus = ""
 
     c.rollout.tasks_per_iter = 16
     c.rollout.group_size = 5

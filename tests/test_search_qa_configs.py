@@ -72,3 +72,29 @@ def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
     assert Path(summary["report"]).exists()
     final = Path(summary["final_model"])
     assert (final / "model.safetensors").exists()
+
+
+def test_base_config_exposes_the_family_options():
+    from roleagent_jax.envs.base import get_family
+
+    assert load("base").env.search_qa.to_dict() == dict(get_family("search_qa").gen_options)
+
+
+def test_real_sets_get_the_retriever_from_the_config(tmp_path):
+    """The trainer hands env.search_qa to real splits too: the paper config's data sets find their corpus."""
+    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.trainer import make_task_pool
+
+    (tmp_path / "nq").mkdir()
+    (tmp_path / "nq" / "train.jsonl").write_text(
+        '{"question": "Capital of Veltia?", "golden_answers": ["Tarsk"]}\n'
+    )
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"id": "0", "contents": "\\"Veltia\\"\\nIts capital is Tarsk."}\n'
+    )
+    c = load("search_qa")
+    c.env.data_dir = str(tmp_path)
+    c.env.search_qa.retriever_url = ""
+    c.env.search_qa.corpus = str(tmp_path / "corpus.jsonl")
+    pool = make_task_pool(c, get_family("search_qa"), "nq:train", tmp_path / "run", "train")
+    assert pool.tasks[0].payload.retriever == ("bm25", str((tmp_path / "corpus.jsonl").resolve()))
