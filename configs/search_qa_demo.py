@@ -26,13 +26,13 @@ def get_config():
     c.model.init.num_attention_heads = 4
     c.model.init.num_key_value_heads = 2
     c.model.init.max_position_embeddings = 1024
-    c.tokenizer.train_vocab_size = 1024
+    c.tokenizer.train_vocab_size = 2048  # invented names in few pieces: the agent copies them
 
     c.env.name = "search_qa"
     c.env.train_split = "gen_train"
     c.env.eval_splits = ("gen_test",)
     c.env.max_steps = MAX_TURNS
-    c.env.history_k = MAX_TURNS
+    c.env.history_k = 2  # the last two searches with their results: enough for every demo question
     c.env.num_workers = 2
     c.env.gen.n_train = 400
     c.env.gen.n_eval = 96  # held-out questions; one question = 1.04 points
@@ -68,7 +68,7 @@ def get_config():
     c.warmstart.lr = 3e-3
     c.warmstart.batch_rows = 32
     c.warmstart.n_games = 400
-    c.warmstart.predictor_fraction = 0.3
+    c.warmstart.predictor_fraction = 0.15  # retrieved passages are long targets: a few teach the format
 
     c.eval.every = 0  # before and after RL only
     c.eval.greedy = False

@@ -21,10 +21,9 @@ from roleagent_jax.envs.search_qa.corpus import Passage
 
 # ------------------------------------------------------------------------------------------- names
 
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st",
-           "th", "sh")  # fmt: skip
-_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou")
-_CODAS = ("", "", "n", "r", "l", "s", "th", "m", "x")
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z")
+_VOWELS = ("a", "e", "i", "o", "u")
+_CODAS = ("", "", "n", "r", "l", "s")
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def generate_kb(seed: int = 0, size: KBSize | None = None) -> KnowledgeBase:
     for c in country_names:
         own = [x for x in cities if kb.cities[x].country == c]
         kb.countries[c] = Country(c, rng.choice(own), c.rstrip("aeiouynd") + "ish")
-    firsts = [namer.word((1, 2)) for _ in range(max(8, size.people // 4))]
+    firsts = [namer.word((2, 2)) for _ in range(max(8, size.people // 8))]
     people = []
     for i in range(size.people):
         occupation = OCCUPATIONS[i % len(OCCUPATIONS)]
