@@ -179,3 +179,15 @@ def test_baselines_are_reproducible():
     assert first_name_in("Who was born first, Alven Moradi or Sel Kavo?") == "Alven Moradi"
     assert first_name_in("Where was the author of The Last Nybi born?") == "The Last Nybi"
     assert nosearch_response("In which country is Tarsk?") == "<answer>Tarsk</answer>"
+
+
+def test_questions_held_out_by_question(kb):
+    test = generate_questions(kb, 100, "test", seed=0, held_out="questions")
+    train = generate_questions(kb, 300, "train", seed=5, held_out="questions")
+    assert not {q.question for q in test} & {q.question for q in train}
+    pairs = {frozenset(q.plan[3:]) for q in test if q.kind == "comparison"}
+    assert not pairs & {frozenset(q.plan[3:]) for q in train if q.kind == "comparison"}  # either option order
+    held = held_out_entities(kb)
+    assert any(not ({q.plan[1]} & held) for q in test if q.plan[0] == "chain")  # train entities asked anew
+    with pytest.raises(ValueError, match="held_out must be one of"):
+        generate_questions(kb, 5, "test", held_out="tasks")

@@ -167,6 +167,7 @@ class SearchQA(Family):
         "kb_people": KBSize.people,
         "kb_works": KBSize.works,
         "mix": dict(DEFAULT_MIX),
+        "held_out": "entities",
         "topk": TOPK,
         "max_turns": MAX_TURNS,
         "retriever_url": "",
@@ -209,7 +210,7 @@ class SearchQA(Family):
             raise ValueError(f"split {split!r} is generated: give the number of questions (n >= 1), got {n}")
         size = _size(opts)
         kb = generate_kb(opts["kb_seed"], size)
-        questions = generate_questions(kb, n, GEN_SPLITS[split], seed, _mix(opts))
+        questions = generate_questions(kb, n, GEN_SPLITS[split], seed, _mix(opts), str(opts["held_out"]))
         spec = ("kb", opts["kb_seed"], size.countries, size.cities, size.people, size.works)
         plans = _play_expert(questions, retriever_for(spec), opts["topk"], opts["max_turns"])
         tasks = [_task(q, spec, opts, plan) for q, plan in zip(questions, plans)]

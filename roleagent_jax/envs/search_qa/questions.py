@@ -6,15 +6,19 @@ from the start entity (each value is the next entity to look up), ("compare", re
 looks up one relation of two entities and names the one with the smaller ("min") or larger ("max")
 value.
 
-Splits: the entities named in questions are partitioned once per knowledge base (a quarter held out,
-chosen by the knowledge base's seed, so every question seed sees the same partition); a train
-question names only train entities and a held-out question only held-out ones, so held-out answers
-were never the answer of a training question about the same entity. Intermediate entities (a
-creator's birthplace, say) are shared; they are looked up, never named.
+Splits, held out by "entities" (the default): the entities named in questions are partitioned once
+per knowledge base (a quarter held out, chosen by the knowledge base's seed, so every question seed
+sees the same partition); a train question names only train entities and a held-out question only
+held-out ones, so held-out answers were never the answer of a training question about the same
+entity. Intermediate entities (a creator's birthplace, say) are shared; they are looked up, never
+named. Held out by "questions": a quarter of the questions themselves (by a hash of their plan), over
+all entities; a held-out question is new, its entities are not (a tiny model then learns a closed set
+of names instead of copying unseen ones).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 
@@ -26,6 +30,7 @@ MULTI_HOP_KINDS = frozenset({"bridge", "bridge3", "comparison"})
 DEFAULT_MIX = {"single_hop": 0.35, "bridge": 0.3, "bridge3": 0.2, "comparison": 0.15}
 SPLITS = ("train", "test")
 HELD_OUT = 0.25
+HOLD_OUT_BY = ("entities", "questions")
 SOURCE = "generated"
 
 # (start type, relations) -> question template; {e} is the start entity, {role}/{made}/{dated} its work's
@@ -121,9 +126,10 @@ def generate_questions(
     split: str,
     seed: int = 0,
     mix: dict[str, float] | None = None,
+    held_out: str = "entities",
 ) -> list[QATask]:
     """n distinct questions of one split, mixed by kind (`mix` weights, default DEFAULT_MIX), drawn with
-    `seed` (the knowledge base's own seed fixes which entities are held out).
+    `seed` (the knowledge base's own seed fixes what is held out: `held_out` entities or questions).
 
     Comparisons alternate which option is the answer, so naming an option blindly is right half the time.
     """
@@ -134,8 +140,13 @@ def generate_questions(
         raise ValueError(f"question mix must weigh kinds among {KINDS} with weights >= 0, got {mix}")
     if n < 1:
         raise ValueError(f"number of questions must be >= 1, got {n}")
-    held = held_out_entities(kb)
-    allowed = (lambda e: e in held) if split == "test" else (lambda e: e not in held)
+    if held_out not in HOLD_OUT_BY:
+        raise ValueError(f"held_out must be one of {HOLD_OUT_BY}, got {held_out!r}")
+    if held_out == "entities":
+        held = held_out_entities(kb)
+        allowed = (lambda e: e in held) if split == "test" else (lambda e: e not in held)
+    else:
+        allowed = lambda e: True  # noqa: E731
     rng = random.Random(f"questions:{seed}:{split}")
     total = sum(mix.values())
     counts = {k: int(n * w / total) for k, w in mix.items()}
@@ -146,6 +157,8 @@ def generate_questions(
         if not counts.get(kind):
             continue
         pool = _candidates(kb, allowed, kind, rng)
+        if held_out == "questions":
+            pool = [(q, plan) for q, plan in pool if _held_out_question(kb, plan) == (split == "test")]
         if len(pool) < counts[kind]:
             raise ValueError(
                 f"the knowledge base has only {len(pool)} {split} questions of kind {kind!r}, "
@@ -160,6 +173,14 @@ def generate_questions(
         QATask(q, (answer_of(kb, plan),), SOURCE, kind, f"gen_{split}_{seed}_{i}", plan)
         for i, (q, plan, kind) in enumerate(picked)
     ]
+
+
+def _held_out_question(kb: KnowledgeBase, plan: tuple) -> bool:
+    """Whether a question is held out (a quarter, by a hash of its plan; a comparison's option order
+    does not matter)."""
+    key = repr((plan[0], plan[1], plan[2], *sorted(plan[3:]))) if plan[0] == "compare" else repr(plan)
+    digest = hashlib.blake2b(f"{kb.seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < HELD_OUT
 
 
 def _balanced(kb: KnowledgeBase, question: str, plan: tuple, i: int) -> tuple[str, tuple]:
@@ -179,7 +200,8 @@ def generated_tasks(
     kb_seed: int = 0,
     size: KBSize | None = None,
     mix: dict[str, float] | None = None,
+    held_out: str = "entities",
 ) -> tuple[KnowledgeBase, list[QATask]]:
     """The knowledge base of `kb_seed` and n questions of `split` over it, drawn with `seed`."""
     kb = generate_kb(kb_seed, size)
-    return kb, generate_questions(kb, n, split, seed, mix)
+    return kb, generate_questions(kb, n, split, seed, mix, held_out)
