@@ -8,7 +8,9 @@ the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live 
 never in the environment reward). After `max_turns` turns without an answer the episode ends at 0.
 
 The anchor of GiGPO's step groups is the observation text: the question at the start, then the
-retrieved text, so two rollouts whose queries brought back the same passages share a step group.
+retrieved text, so two rollouts whose queries brought back the same passages share a step group. The
+format reminder is one text for every invalid turn, so those states share an anchor wherever they
+occur (the aliasing GiGPO accepts for ALFWorld's "Nothing happens.").
 """
 
 from __future__ import annotations
