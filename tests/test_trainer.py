@@ -290,3 +290,22 @@ def test_killed_run_resumes_exactly(tmp_path):
     a = (tmp_path / "ref" / "hf_final" / "model.safetensors").read_bytes()
     b = (tmp_path / "killed" / "hf_final" / "model.safetensors").read_bytes()
     assert a == b
+
+
+def test_anchor_similarity_config_merges_near_identical_step_groups():
+    """advantage.anchor_similarity=1 keys step groups by exact anchors; below 1 near-identical anchors
+    of one task group share a key (the reference's optional similarity clustering)."""
+    from ml_collections import ConfigDict
+
+    from roleagent_jax.advantages import hash_anchor
+    from roleagent_jax.rollout import Row
+    from roleagent_jax.trainer import Trainer
+
+    texts = ["You arrive at drawer 1.", "You arrive at drawer 1!", "You arrive at drawer 1.", "x"]
+    rows = [Row([], [], [], i, 0, 0, 0, hash_anchor(t), 0.0, True, False, t) for i, t in enumerate(texts)]
+    holder = SimpleNamespace(config=ConfigDict({"advantage": {"anchor_similarity": 1.0}}))
+    exact = Trainer._anchor_hashes(holder, rows)
+    assert exact.tolist() == [hash_anchor(t) for t in texts]
+    holder.config.advantage.anchor_similarity = 0.9
+    merged = Trainer._anchor_hashes(holder, rows)
+    assert merged[0] == merged[1] == merged[2] != merged[3]
