@@ -44,7 +44,8 @@ class ExpertPolicy:
 
 
 class RandomPolicy:
-    """A uniformly random admissible action, seeded per (seed, task, step) for a reproducible panel."""
+    """The family's random response (a uniformly random admissible action, or random text for free-form
+    families), seeded per (seed, task, step) for a reproducible panel."""
 
     needs_expert_plan = False
 
@@ -55,11 +56,7 @@ class RandomPolicy:
         out = []
         for x in batch:
             rng = random.Random(f"{self.seed}:{x.task_id}:{x.step}")
-            out.append(
-                self.family.format_action(
-                    rng.choice(x.admissible) if x.admissible else self.family.empty_action
-                )
-            )
+            out.append(self.family.random_response(rng, x.goal, x.observation))
         return out
 
 
@@ -93,31 +90,32 @@ def run_episodes(
     ).trajectories
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def summarize(split: str, trajs: Sequence[Trajectory], task_types: Sequence[str]) -> dict:
-    """Success overall and per task type (in the family's order), plus a few diagnostics."""
+def summarize(
+    split: str, trajs: Sequence[Trajectory], task_types: Sequence[str], score_name: str = "score"
+) -> dict:
+    """Success overall and per task type (in the family's order), plus a few diagnostics. Families that
+    score episodes (`Observation.score`) also get the mean score under `score_name`, overall and per type
+    (`per_type_<score_name>`); an episode that ended without a score counts 0."""
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
     steps = sum(len(t.steps) for t in trajs)
     invalid = sum(not s.valid for t in trajs for s in t.steps)
-    scored = [t for t in trajs if t.score is not None]
-    score = {k: _mean([t.score for t in scored if t.task_type == k]) for k in per_type}
-    return {
+    out = {
         "split": split,
         "n": n,
         "success": sum(t.won for t in trajs) / max(n, 1),
-        "score": _mean([t.score for t in scored]),  # the family's graded outcome (None: it has none)
         "per_type": per_type,
-        "score_per_type": score if scored else {},
         "count_per_type": {k: sum(t.task_type == k for t in trajs) for k in per_type},
         "env_failed": sum(t.env_failed for t in trajs),
         "invalid_rate": invalid / max(steps, 1),
         "mean_steps": steps / max(n, 1),
     }
+    if any(t.score is not None for t in trajs):
+        scores = {k: [t.score or 0.0 for t in trajs if t.task_type == k] for k in per_type}
+        out[score_name] = sum(t.score or 0.0 for t in trajs) / n
+        out[f"per_type_{score_name}"] = {k: sum(v) / len(v) for k, v in scores.items()}
+    return out
 
 
 def evaluate(
@@ -145,7 +143,7 @@ def evaluate(
             if log:
                 won = sum(t.won for t in trajs)
                 log(f"[{len(trajs)}/{len(ids)}] won {won} ({time.perf_counter() - start:.0f}s)")
-    return summarize(split, trajs, family.task_types)
+    return summarize(split, trajs, family.task_types, family.score_name)
 
 
 def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float, family: Family) -> Policy:
@@ -191,7 +189,14 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         help="a real data split of the family (ALFWorld: valid_seen, valid_unseen, train, valid_train) or a "
         "generated one (ALFWorld: gen_seen, gen_unseen)",
     )
-    p.add_argument("--data", default=None, help="the family's data folder (ALFWorld default: $ALFWORLD_DATA)")
+    p.add_argument(
+        "--dataset",
+        dest="split",
+        help="a real data set by name, the same as --split (search_qa: nq, hotpotqa, ...; with --data=FILE)",
+    )
+    p.add_argument(
+        "--data", default=None, help="the family's data folder or file (ALFWorld default: $ALFWORLD_DATA)"
+    )
     p.add_argument("--num-workers", type=int, default=2, help="environment worker processes")
     p.add_argument("--limit", type=int, default=0, help="play only the first N tasks (0 = all)")
     p.add_argument("--max-steps", type=int, default=50, help="steps per episode")
@@ -253,12 +258,13 @@ def main(argv: list[str] | None = None) -> dict:
         log=log,
     )
     if not args.quiet:
-        scores = summary["score_per_type"]
+        name = family.score_name
+        scores = summary.get(f"per_type_{name}")
         for t, v in summary["per_type"].items():
-            mean = f"  mean score {scores[t]:.3f}" if scores.get(t) is not None else ""
-            print(f"{t:34s} {v:6.1%}{mean}  ({summary['count_per_type'][t]} tasks)")
-        mean = f"  mean score {summary['score']:.3f}" if summary["score"] is not None else ""
-        print(f"{'all':34s} {summary['success']:6.1%}{mean}  ({summary['n']} tasks)")
+            extra = f"  {name} {scores[t]:6.1%}" if scores else ""
+            print(f"{t:34s} {v:6.1%}{extra}  ({summary['count_per_type'][t]} tasks)")
+        extra = f"  {name} {summary[name]:6.1%}" if scores else ""
+        print(f"{'all':34s} {summary['success']:6.1%}{extra}  ({summary['n']} tasks)")
     print(json.dumps(summary), flush=True)
     return summary
 

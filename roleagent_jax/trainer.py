@@ -57,11 +57,14 @@ def family_options(config: ConfigDict, family: Family) -> dict:
 
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
     """Real data splits come from the family's data folder; its generated splits go into the workdir.
+    Both get the family's own settings (search QA's retriever serves its real data sets too).
 
     With several processes, process 0 generates and the others then read the same files.
     """
     if split not in family.generated_splits:
-        return family.task_pool(split, data_dir=config.env.data_dir or None)
+        return family.task_pool(
+            split, data_dir=config.env.data_dir or None, options=family_options(config, family)
+        )
     g = config.env.gen
     # Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
     # held out from both training sets, and the warm start's (with warmstart.own_games) are never RL's.

@@ -189,6 +189,6 @@ def test_evaluate_cli_prints_success_and_score(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert "mean score 1.000" in out[-2] and out[-1].startswith("{")
     assert expert["n"] == 10 and expert["success"] == 1.0 and expert["score"] == 1.0
-    assert set(expert["score_per_type"]) == set(expert["per_type"])
+    assert set(expert["per_type_score"]) == set(expert["per_type"])
     rand = evaluate.main([*common, "--policy=random", "--quiet"])
     assert rand["success"] < 0.05 and rand["score"] < 0.5

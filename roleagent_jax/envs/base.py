@@ -22,6 +22,7 @@ This module imports nothing heavy (no JAX, no engine): workers and tests import 
 from __future__ import annotations
 
 import importlib
+import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -199,6 +200,9 @@ class Family:
     has_expert: ClassVar[bool] = False
     """Whether `Env.reset(task, expert=True)` fills `Observation.expert_plan` (warm start, --policy=expert)."""
 
+    score_name: ClassVar[str] = "score"
+    """What `Observation.score` measures, as summaries name it (search QA: "em", its exact match)."""
+
     generated_splits: ClassVar[tuple[str, ...]] = ()
     """Split names whose tasks the family generates itself (no download), e.g. ("gen_seen", "gen_unseen").
     The trainer gives each (split, purpose) its own folder, size and seed; other splits are real data."""
@@ -307,6 +311,13 @@ class Family:
         start, the expert and random evaluation policies). Default: `<action>{action}</action>`."""
         return f"<action>{action}</action>"
 
+    def random_response(self, rng: random.Random, goal: str, observation: Observation) -> str:
+        """The random baseline's response for one turn (evaluate --policy=random), drawn with `rng`: an
+        admissible action in the answer format, or `empty_action` when there is no list. Free-form
+        families override it with random text of their own format."""
+        admissible = observation.admissible
+        return self.format_action(rng.choice(admissible) if admissible else self.empty_action)
+
     def unparsed_action(self, response: str) -> str:
         """What the env receives when `parse_action` found no action: the response stripped and cut to
         MAX_ACTION_CHARS characters, or `empty_action` when nothing is left. The step is recorded as
@@ -371,6 +382,7 @@ class Family:
 _BUILTIN: dict[str, str] = {
     "alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld",
     "webshop": "roleagent_jax.envs.webshop.family:WebShop",
+    "search_qa": "roleagent_jax.envs.search_qa.family:SearchQA",
 }
 _REGISTRY: dict[str, Family] = {}
 

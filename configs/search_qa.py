@@ -1,0 +1,72 @@
+"""The paper's search-QA run: Qwen2.5-7B-Instruct, trained on NQ + HotpotQA, evaluated on seven sets.
+
+    python -m roleagent_jax.main --config=configs/search_qa.py \
+        --config.model.path=/path/Qwen2.5-7B-Instruct --config.env.data_dir=/path/flashrag_datasets \
+        --config.env.search_qa.retriever_url=http://127.0.0.1:8000/retrieve
+
+Data: FlashRAG's JSONL files under env.data_dir (<data_dir>/nq/train.jsonl, .../hotpotqa/dev.jsonl,
+...). Retrieval: Search-R1's retrieval server (E5 over the 2018 Wikipedia dump in 100-word passages,
+top 3) behind env.search_qa.retriever_url. Settings follow verl-agent's GiGPO search run: 256 questions
+x 5 rollouts, at most 4 turns, all of them in the prompt, step groups by anchor similarity >= 0.9,
+invalid-format penalty 0.01, one pass over the training questions.
+"""
+
+import os
+
+from configs import base
+from roleagent_jax.envs.search_qa import INVALID_PENALTY, MAX_TURNS, TOPK
+from roleagent_jax.envs.search_qa.tasks import DATASETS, TRAIN_SETS
+
+
+def get_config():
+    c = base.get_config()
+    c.algo = "roleagent"
+    c.workdir = "runs/search_qa"
+    c.iterations = 660  # ~169k NQ + HotpotQA training questions / 256 per iteration: one epoch
+    c.model.path = os.environ.get("ROLEAGENT_MODEL", "")
+    c.model.dtype = "bfloat16"
+    c.model.remat = True
+
+    c.env.name = "search_qa"
+    c.env.data_dir = os.environ.get("SEARCH_QA_DATA", "")  # FlashRAG's dataset folder
+    c.env.train_split = "+".join(f"{name}:train" for name in TRAIN_SETS)
+    c.env.eval_splits = tuple(DATASETS)  # each at the split Search-R1 evaluates on
+    c.env.max_steps = MAX_TURNS
+    c.env.history_k = MAX_TURNS  # every earlier search and its results
+    c.env.num_workers = 16
+    c.env.search_qa.retriever_url = os.environ.get("SEARCH_QA_RETRIEVER", "http://127.0.0.1:8000/retrieve")
+    c.env.search_qa.topk = TOPK
+    c.env.search_qa.max_turns = MAX_TURNS
+
+    c.rollout.tasks_per_iter = 256
+    c.rollout.group_size = 5
+    c.rollout.temperature = 1.0
+    c.rollout.max_prompt_tokens = 4096
+    c.rollout.max_response_tokens = 512
+
+    c.advantage.gamma = 0.95
+    c.advantage.omega = 1.0
+    c.advantage.mode = "mean_std_norm"
+    c.advantage.invalid_penalty = INVALID_PENALTY
+    c.advantage.anchor_similarity = 0.9  # retrieved passages rarely repeat exactly: near-equal ones group
+
+    c.loss.kl_type = "low_var_kl"
+    c.loss.kl_coef = 0.001
+    c.loss.entropy_coef = 0.0
+    c.optim.lr = 1e-6
+    c.optim.warmup_steps = 66  # 10% of the run
+    c.train.mini_batch_rows = 512
+    c.train.micro_batch_rows = 16
+    c.train.ppo_epochs = 1
+
+    c.wia.mode = "separate"
+    c.wia.horizon = 1  # ~5% of at most 4 turns rounds up to one predicted result
+    c.wia.max_tokens = 256  # three passages
+    c.aiw.analyser = "llm"
+    c.aiw.retrieval = "fuzzy"
+
+    c.eval.every = 100
+    c.eval.temperature = 0.4
+    c.eval.limit = 0  # every question of the seven sets (~52k)
+    c.checkpoint.every = 50
+    return c

@@ -1,0 +1,60 @@
+"""The agent prompt, the WIA predictor framing and the analysis framing of search QA.
+
+The agent prompt keeps the reference structure of Search-R1 and verl-agent's search environment
+(the rules of the three tags, the question, the turn number, the earlier searches with what they
+returned) in few words: the demo's tiny model reads it in a context of about a thousand tokens.
+The predictor plays the search engine: given the question and a query, it writes the information
+the query will bring back (the observation WIA scores); WIA's generic prompt takes these words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from roleagent_jax.envs.base import PredictorFraming
+from roleagent_jax.envs.search_qa.engine import question_observation
+from roleagent_jax.envs.search_qa.parser import parse_turn
+
+RULES = (
+    "Answer the question. Reason briefly in <think>...</think>. If you lack a fact, search with "
+    "<search>query</search>; results come back in <information>...</information>. When you know the "
+    "answer, give it in <answer>...</answer>, a few words only."
+)
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def build_agent_prompt(
+    question: str,
+    history: Sequence[tuple[str, str]],
+    observation: str,
+    step: int,
+    k: int = 3,
+    obs_chars: int = 1200,
+) -> str:
+    """The agent's prompt at turn `step` (0-based).
+
+    `history` holds earlier (observation, action) pairs, oldest first, and `observation` is what the
+    last action brought back; the prompt shows the last `k` actions, each followed by its result.
+    """
+    lines = [RULES, question_observation(question), f"Turn {step + 1}."]
+    results = [obs for obs, _ in history[1:]] + [observation]
+    pairs = list(zip([a for _, a in history], results))[-k:] if k > 0 else []
+    for action, result in pairs:
+        turn = parse_turn(action)
+        lines.append(turn.action if turn.valid else _clip(action, 80) or "(no action)")
+        lines.append(_clip(result, obs_chars))
+    return "\n".join(lines)
+
+
+PREDICTOR_FRAMING = PredictorFraming(
+    intro="Act as the search engine. Predict the passages the query brings back.",
+    reply="what the search returns",
+    replies="search results",
+)
+ANALYSIS_INTRO = (
+    "You review a failed attempt at answering a question with a search engine and explain why it failed."
+)

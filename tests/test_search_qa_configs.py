@@ -1,0 +1,100 @@
+"""The search-QA configs validate, and the QA demo, shrunk to seconds, trains through the Trainer."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from roleagent_jax.config import validate
+from roleagent_jax.envs.search_qa.tasks import DATASETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+@pytest.mark.parametrize("name", ["search_qa", "search_qa_demo"])
+def test_configs_validate(name):
+    c = load(name)
+    c.model.path = ""
+    validate(c)
+    assert c.env.name == "search_qa" and c.env.max_steps == 4
+
+
+def test_paper_settings():
+    c = load("search_qa")
+    assert c.env.train_split == "nq:train+hotpotqa:train" and c.env.eval_splits == tuple(DATASETS)
+    assert (c.rollout.group_size, c.rollout.tasks_per_iter, c.advantage.invalid_penalty) == (5, 256, 0.01)
+    assert c.advantage.anchor_similarity == 0.9
+
+
+def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
+    """Warm start on expert play, evaluation before/after, one RL iteration, report, Hugging Face export."""
+    c = load("search_qa_demo")
+    c.workdir = str(tmp_path / "run")
+    c.iterations = 1
+    c.model.init.hidden_size = 32
+    c.model.init.intermediate_size = 64
+    c.model.init.num_hidden_layers = 1
+    c.model.init.num_attention_heads = 2
+    c.model.init.num_key_value_heads = 1
+    c.tokenizer.train_vocab_size = 400
+    c.env.gen.n_train = 6
+    c.env.gen.n_eval = 4
+    c.env.search_qa.kb_people = 40
+    c.env.search_qa.kb_works = 40
+    c.rollout.tasks_per_iter = 2
+    c.rollout.group_size = 2
+    c.rollout.max_response_tokens = 8
+    c.wia.max_tokens = 8
+    c.warmstart.steps = 2
+    c.warmstart.batch_rows = 4
+    c.warmstart.n_games = 6
+    c.train.mini_batch_rows = 8
+    c.train.micro_batch_rows = 4
+    c.log.progress = False
+    c.log.tensorboard = False
+    from roleagent_jax.trainer import Trainer
+
+    trainer = Trainer(c)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    assert set(summary["eval"]) == {"before", "after"}
+    after = summary["eval"]["after"]["gen_test"]
+    assert set(after) <= {"single_hop", "bridge", "comparison", "all"} and 0.0 <= after["all"] <= 1.0
+    assert Path(summary["report"]).exists()
+    final = Path(summary["final_model"])
+    assert (final / "model.safetensors").exists()
+
+
+def test_base_config_exposes_the_family_options():
+    from roleagent_jax.envs.base import get_family
+
+    assert load("base").env.search_qa.to_dict() == dict(get_family("search_qa").gen_options)
+
+
+def test_real_sets_get_the_retriever_from_the_config(tmp_path):
+    """The trainer hands env.search_qa to real splits too: the paper config's data sets find their corpus."""
+    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.trainer import make_task_pool
+
+    (tmp_path / "nq").mkdir()
+    (tmp_path / "nq" / "train.jsonl").write_text(
+        '{"question": "Capital of Veltia?", "golden_answers": ["Tarsk"]}\n'
+    )
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"id": "0", "contents": "\\"Veltia\\"\\nIts capital is Tarsk."}\n'
+    )
+    c = load("search_qa")
+    c.env.data_dir = str(tmp_path)
+    c.env.search_qa.retriever_url = ""
+    c.env.search_qa.corpus = str(tmp_path / "corpus.jsonl")
+    pool = make_task_pool(c, get_family("search_qa"), "nq:train", tmp_path / "run", "train")
+    assert pool.tasks[0].payload.retriever == ("bm25", str((tmp_path / "corpus.jsonl").resolve()))
