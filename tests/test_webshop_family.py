@@ -187,7 +187,7 @@ def test_evaluate_cli_prints_success_and_score(tmp_path, capsys):
     common += ["--n-products=100", "--num-workers=1"]
     expert = evaluate.main([*common, "--policy=expert"])
     out = capsys.readouterr().out.strip().splitlines()
-    assert "mean score 1.000" in out[-2] and out[-1].startswith("{")
+    assert "score 100.0%" in out[-2] and out[-1].startswith("{")
     assert expert["n"] == 10 and expert["success"] == 1.0 and expert["score"] == 1.0
     assert set(expert["per_type_score"]) == set(expert["per_type"])
     rand = evaluate.main([*common, "--policy=random", "--quiet"])
