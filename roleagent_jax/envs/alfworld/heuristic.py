@@ -133,12 +133,15 @@ def _arguments(action: str) -> list[str]:
 
 def _absent_entity(f: _Facts) -> _Hit | None:
     """A refused command naming an object or receptacle that nothing in the episode ever showed (only
-    judged when the steps recorded their admissible commands, which list every receptacle of the room)."""
+    judged when the steps recorded their admissible commands, which list every receptacle of the room;
+    the kinds the goal names count as present)."""
     if not f.room_listed:
         return None
+    named = {f.goal.obj, f.goal.recep, f.goal.lamp} - {None}  # the task says these are in the room
     for e in f.events:
         if e.action and e.failed:
-            missing = [a for a in _arguments(e.action) if _ENTITY.fullmatch(a) and a not in f.known]
+            args = [a for a in _arguments(e.action) if _ENTITY.fullmatch(a)]
+            missing = [a for a in args if a not in f.known and _kind(a) not in named]
             if missing:
                 return e.step, f"'{e.action}' names {missing[0]}, which is not in the room"
     return None
@@ -185,10 +188,17 @@ def _entity_confusion(f: _Facts) -> _Hit | None:
 
 
 def _wrong_receptacle(f: _Facts) -> _Hit | None:
+    """The goal object (prepared) put, or offered, to another kind of receptacle and never to the goal's."""
     g = f.goal
     if not (g.obj and g.recep):
         return None
-    for s, ent, rec in f.puts:
+    taken = {ent for _, ent in f.takes}
+    tried = [
+        (e.step, m.group(1), m.group(2))
+        for e in f.events
+        if e.action and e.failed and (m := _PUT.match(e.action)) and m.group(1) in taken
+    ]
+    for s, ent, rec in sorted(f.puts + tried):
         if _kind(ent) == g.obj and _kind(rec) != g.recep and _prepared(f, ent, s):
             later = any(p[1] == ent and _kind(p[2]) == g.recep for p in f.puts if p[0] > s)
             if not later:
