@@ -210,7 +210,9 @@ def test_nothing_happens_actions_do_not_count_as_done():
 def test_priority_root_cause_before_symptom():
     loop = [("go to bed 1", arrive("bed 1")), ("go to desk 1", arrive("desk 1"))] * 3
     # a format-error run of 5 explains the loop after it
-    assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 5 + loop)).failure_type == "action_format_error"
+    assert (
+        heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 5 + loop)).failure_type == "action_format_error"
+    )
     # a few stray unparsable answers do not: the loop is what failed
     assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 3 + loop)).failure_type == "navigation_loop"
     # with nothing else to explain the failure, even one unparsable answer is the label
