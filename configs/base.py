@@ -118,6 +118,8 @@ def get_config() -> ConfigDict:
     c.aiw.temperature = 1.0
     c.aiw.epsilon = 0.2
     c.aiw.cap = 0.05
+    # boost weight of a task whose recent rollouts all fail (or all win): its groups teach nothing
+    c.aiw.unlearnable_weight = 0.25
     c.aiw.max_tokens = 256
 
     c.warmstart = ConfigDict()  # supervised warm start on expert trajectories (0 steps = off)

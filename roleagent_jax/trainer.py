@@ -475,7 +475,9 @@ class Trainer:
             ]
             texts = [r.text for r in gen(requests)]
         reports = aiw.analyse_failures(failed, self.family, texts, max_steps=c.env.max_steps)
-        metrics = aiw.aiw_round(self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it)
+        metrics = aiw.aiw_round(
+            self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it, played=trajs
+        )
         if self.is_main:  # failure-type histogram and most boosted tasks of this round
             tqdm.write(f"[iter {it + 1}] " + aiw.format_round(metrics, self.aiw_state.history[-1]))
         return metrics

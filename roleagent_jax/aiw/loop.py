@@ -114,13 +114,17 @@ def aiw_round(
     *,
     embed_fn: Callable[[list[str]], np.ndarray] | None = None,
     choose_fn: Callable[[list[str]], list[str]] | None = None,
+    played: Sequence[Trajectory] = (),
 ) -> dict[str, float]:
     """Add the reports to memory, retrieve similar tasks, update the sampler; returns scalar metrics.
 
     Boosts: each failed task gets ``self_boost`` (default 1.0), each retrieved task its similarity;
-    per task the round's boosts are combined by ``aggregate`` ("max", default, or "sum"). Episodes the
-    environment broke (``env_failed``) are not agent failures and are skipped. ``cfg`` fields read (all
-    optional): retrieval, top_k, min_sim, self_boost, aggregate, seed.
+    per task the round's boosts are combined by ``aggregate`` ("max", default, or "sum"). Each boost is
+    weighed by the task's learnability (``TaskSampler.learnability`` with floor ``unlearnable_weight``,
+    default 1.0 = unweighed; a retrieved task never played takes its failed source's weight), from the
+    success rates of ``played`` (every trajectory of the round, won or not). Episodes the environment
+    broke (``env_failed``) are not agent failures and are skipped. ``cfg`` fields read (all optional):
+    retrieval, top_k, min_sim, self_boost, aggregate, unlearnable_weight, seed.
     """
     if len(failed_trajs) != len(reports):
         raise ValueError(f"{len(reports)} reports for {len(failed_trajs)} failed trajectories")
@@ -151,9 +155,17 @@ def aiw_round(
         seed=seed * 1_000_003 + int(iteration),
     )
     self_boost = float(_cfg(cfg, "self_boost", 1.0))
+    floor = float(_cfg(cfg, "unlearnable_weight", 1.0))
+    wins: dict[int, list[float]] = {}
+    for t in played:
+        if not t.env_failed:
+            wins.setdefault(t.task_id, []).append(float(t.won))
+    state.sampler.record({task: sum(w) / len(w) for task, w in wins.items()})
     boosts: dict[int, float] = {}
     for (traj, _), found in zip(pairs, hits):
+        source = state.sampler.learnability(traj.task_id, floor)
         for task, sim in [(traj.task_id, self_boost), *found]:
+            sim *= state.sampler.learnability(task, floor, default=source)
             prev = boosts.get(task)
             boosts[task] = sim if prev is None else (max(prev, sim) if aggregate == "max" else prev + sim)
     state.sampler.update(boosts)
