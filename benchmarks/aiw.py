@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -74,6 +75,7 @@ def main() -> None:
     if args.compare:
         spec = importlib.util.spec_from_file_location("other_heuristic", args.compare)
         other = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = other  # dataclasses look their module up while the file runs
         spec.loader.exec_module(other)
         print(
             f"{args.compare}: {mix([other.heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled])}"
