@@ -69,6 +69,7 @@ def main() -> None:
 
     observed = sorted(set(truth))
     table = scores(truth, pred, observed)
+    compare: dict[str, float] = {}
     print(f"{len(labelled)} failed trajectories from {len(pool)} games in {seconds:.0f}s")
     print(f"ground truth: {mix(truth)}")
     print(f"heuristic:    {mix(pred)}")
@@ -77,9 +78,13 @@ def main() -> None:
         other = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = other  # dataclasses look their module up while the file runs
         spec.loader.exec_module(other)
-        print(
-            f"{args.compare}: {mix([other.heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled])}"
-        )
+        before = [other.heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
+        old = scores(truth, before, observed)
+        compare = {
+            "compare_macro_precision": round(sum(r["precision"] for r in old.values()) / len(old), 4),
+            "compare_macro_recall": round(sum(r["recall"] for r in old.values()) / len(old), 4),
+        }
+        print(f"{args.compare}: {mix(before)}; macro precision/recall {list(compare.values())}")
     print(f"{'failure type':32s} {'precision':>9s} {'recall':>7s} {'support':>7s}")
     for t, row in table.items():
         print(f"{t:32s} {row['precision']:9.3f} {row['recall']:7.3f} {row['support']:7d}")
@@ -97,6 +102,7 @@ def main() -> None:
                 "observed": observed,
                 "unobserved": sorted(set(FAILURE_TYPES) - set(observed)),
                 "seconds": round(seconds, 1),
+                **compare,
             }
         )
     )

@@ -9,7 +9,9 @@ answers. The mistake's failure type is the label an analyser should give. Used b
 
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,7 @@ class Scene:
     plan: list[str]
     places: list[str]  # receptacles of the room, from the first observation's "go to" commands
     max_steps: int
+    rng: random.Random  # how long or how often the mistake is made, seeded by task and mistake
 
     def goal_recep(self) -> str | None:
         return next((m.group(2) for c in self.plan if (m := _PUT.match(c))), None)
@@ -98,19 +101,19 @@ def _absent_object(s: Scene) -> list[str] | None:
         return None
     where = _TAKE.match(s.plan[i]).group(2)
     wrong = f"take {s.absent_kind()} 1 from {where}"
-    return [_say(c) for c in s.plan[:i] if not c.startswith("use ")] + [_say(wrong)] * 2
+    return [_say(c) for c in s.plan[:i] if not c.startswith("use ")] + [_say(wrong)] * s.rng.randint(1, 3)
 
 
 def _loop(s: Scene) -> list[str] | None:
     a_b = s.other_places()[:2]
     if len(a_b) < 2:
         a_b = [p for p in s.places if p != _GO.match(s.plan[0]).group(1)][:2]
-    seq = [s.plan[0]] + [f"go to {a_b[k % 2]}" for k in range(s.max_steps)]
+    seq = s.plan[: s.rng.randint(0, 1)] + [f"go to {a_b[k % 2]}" for k in range(s.max_steps)]
     return [_say(c) for c in seq[: s.max_steps]]
 
 
 def _give_up(s: Scene) -> list[str] | None:
-    return [_say(c) for c in s.plan[: max(1, len(s.plan) // 2)]]
+    return [_say(c) for c in s.plan[: s.rng.randint(1, max(1, len(s.plan) - 2))]]
 
 
 def _repeat_refused(s: Scene) -> list[str] | None:
@@ -119,11 +122,13 @@ def _repeat_refused(s: Scene) -> list[str] | None:
         return None
     elsewhere = [p for p in s.places if p != take.group(2)]
     cmd = f"take {take.group(1)} from {elsewhere[0]}"
-    return [_say(s.plan[0])] + [_say(cmd)] * (s.max_steps - 1)
+    return [_say(s.plan[0])] + [_say(cmd)] * s.rng.randint(3, s.max_steps - 1)
 
 
 def _malformed(s: Scene) -> list[str] | None:
-    rest = [_MALFORMED[k % len(_MALFORMED)].format(cmd=s.plan[1 % len(s.plan)]) for k in range(s.max_steps)]
+    cmd = s.plan[1 % len(s.plan)]
+    rest = [_MALFORMED[k % len(_MALFORMED)].format(cmd=cmd) if s.rng.random() < 0.7 else _say("look")
+            for k in range(s.max_steps)]  # fmt: skip
     return ([_say(s.plan[0])] + rest)[: s.max_steps]
 
 
@@ -170,6 +175,7 @@ class _Scripted:
     ending in '?' is an `open` given only where the room offers it."""
 
     script: list[str] | None
+    mistake: str
     build: Script
     max_steps: int
     pending: dict[int, str] = field(default_factory=dict)
@@ -177,7 +183,9 @@ class _Scripted:
     def keep_playing(self, turn: Turn) -> bool:
         if self.script is None:  # first turn: the room is known now
             places = [c[len("go to ") :] for c in turn.admissible or [] if c.startswith("go to ")]
-            scene = Scene(turn.task, list(turn.task.expert_plan or ()), places, self.max_steps)
+            seed = zlib.crc32(f"{turn.task.id}|{self.mistake}".encode())
+            plan = list(turn.task.expert_plan or ())
+            scene = Scene(turn.task, plan, places, self.max_steps, random.Random(seed))
             self.script = self.build(scene) or []
         while self.script and self.script[0].endswith("?"):
             cmd = self.script.pop(0)[:-1]
@@ -218,7 +226,7 @@ def play_faulty(
             label, build = MISTAKES[mistake]
             if not applicable(task, mistake):
                 continue
-            agent = _Scripted(None, build, max_steps)
+            agent = _Scripted(None, mistake, build, max_steps)
             traj = play(family, envs, [task_id], agent, max_steps=max_steps).trajectories[0]
             if not traj.won and traj.steps:
                 out.append((traj, mistake, label))
