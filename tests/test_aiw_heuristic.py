@@ -236,6 +236,9 @@ def test_refused_commands_are_read_not_called_format_errors():
     assert again.failure_type == "repeated_failed_action"
     wrong = heuristic_analyse(refused(["heat egg 1 with fridge 1"]))
     assert wrong.failure_type == "wrong_object_interaction"
+    # many different refused commands, none naming an entity: still commands that had no effect
+    varied = heuristic_analyse(refused([f"go to the kitchen {w}" for w in ("now", "please", "again")]))
+    assert varied.failure_type == "repeated_failed_action" and "3 of 3" in varied.detail
 
 
 def test_won_and_env_failed_episodes_are_not_labelled():

@@ -124,6 +124,14 @@ def _some_format_error(f: _Facts) -> _Hit | None:
     return _format_error(f, share=0.0, run=1)
 
 
+def _mostly_refused(f: _Facts) -> _Hit | None:
+    """The fallback for a policy that keeps writing commands the room does not take, all different."""
+    refused = [e.step for e in f.events if e.action and e.failed]
+    if refused and len(refused) >= 0.5 * len(f.events):
+        return refused[0], f"{len(refused)} of {len(f.events)} commands had no effect"
+    return None
+
+
 def _arguments(action: str) -> list[str]:
     for pattern in (_TAKE, _PUT, _XFORM, _ARGS):
         if m := pattern.match(action):
@@ -303,9 +311,13 @@ RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
     "wrong_target_location": _wrong_target_location,
     "exhaustive_exploration_failure": _exhaustive_exploration,
 }
-# (type, rule) in the order they are tried: a dominant format error first, a stray one last
+_BEFORE_GIVE_UP = list(RULES).index("premature_give_up")
+# (type, rule) in the order they are tried: a dominant format error first; mostly refused commands
+# explain stopping early; a stray unparsable answer is the last resort
 RULE_SEQUENCE: tuple[tuple[str, Callable[[_Facts], _Hit | None]], ...] = (
-    *RULES.items(),
+    *list(RULES.items())[:_BEFORE_GIVE_UP],
+    ("repeated_failed_action", _mostly_refused),
+    *list(RULES.items())[_BEFORE_GIVE_UP:],
     ("action_format_error", _some_format_error),
 )
 RULE_ORDER = tuple(RULES)
