@@ -142,6 +142,8 @@ def get_config() -> ConfigDict:
     c.aiw.temperature = 1.0  # task-sampler softmax temperature
     c.aiw.epsilon = 0.2  # share of uniform sampling mixed in (every task stays reachable)
     c.aiw.cap = 0.05  # largest probability of one task (0 = no cap; never below 1 / tasks)
+    # boost weight of a task whose recent rollouts all fail (or all win): its groups teach nothing
+    c.aiw.unlearnable_weight = 0.25
     c.aiw.max_tokens = 256  # analyst and chooser answer length
     # (the retrieval's tie-break seed is the run's seed)
 

@@ -73,6 +73,7 @@ RANGES = (
     ("aiw.temperature", 0.0, None, False),
     ("aiw.epsilon", 0.0, 1.0, True),
     ("aiw.cap", 0.0, 1.0, True),
+    ("aiw.unlearnable_weight", 0.0, 1.0, True),
     ("aiw.max_tokens", 1, None, True),
     ("eval.every", 0, None, True),
     ("eval.temperature", 0.0, None, True),

@@ -161,6 +161,7 @@ def play(
                 reward=float(out.reward),
                 next_observation=out.text,
                 done=done,
+                parsed=action is not None,
             )
             trajs[i].steps.append(step)
             if after_step is not None:

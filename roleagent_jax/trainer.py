@@ -523,7 +523,7 @@ class Trainer:
 
         reports = aiw.analyse_failures(failed, self.family, texts, max_steps=c.env.max_steps)
         metrics = aiw.aiw_round(
-            self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it, seed=c.seed,
+            self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it, seed=c.seed, played=trajs,
             choose_fn=choose if c.aiw.retrieval == "llm" else None,
         )  # fmt: skip
         if self.is_main:  # failure-type histogram and most boosted tasks of this round

@@ -15,11 +15,14 @@ class Step:
     observation: str  # raw environment text the agent acted on
     admissible: list[str] | None  # admissible actions at that observation (None for free-form families)
     response: str  # the model's full response text
-    action: str | None  # parsed action, None when the response had no valid action
+    action: str | None  # the command the model wrote, admissible or not; None when nothing parsed
     valid: bool  # False for an unparsable / inadmissible response
     reward: float  # environment reward for this step
     next_observation: str  # observation after the action
     done: bool = False
+    # the response held a well-formed command (admissible or not): only False = no parsable action, so
+    # analysers tell a format error from a command the environment refused
+    parsed: bool = False
 
 
 @dataclass

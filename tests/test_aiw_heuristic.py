@@ -208,12 +208,37 @@ def test_nothing_happens_actions_do_not_count_as_done():
 
 
 def test_priority_root_cause_before_symptom():
-    # both a format-error streak and a loop: the format error is the root cause
-    script = [(None, NOTHING)] * 3 + [
-        ("go to bed 1", arrive("bed 1")),
-        ("go to desk 1", arrive("desk 1")),
-    ] * 3
-    assert heuristic_analyse(traj(*SIMPLE, script)).failure_type == "action_format_error"
+    loop = [("go to bed 1", arrive("bed 1")), ("go to desk 1", arrive("desk 1"))] * 3
+    # a format-error run of 5 explains the loop after it
+    assert (
+        heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 5 + loop)).failure_type == "action_format_error"
+    )
+    # a few stray unparsable answers do not: the loop is what failed
+    assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 3 + loop)).failure_type == "navigation_loop"
+    # with nothing else to explain the failure, even one unparsable answer is the label
+    assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)])).failure_type == "action_format_error"
+
+
+def test_refused_commands_are_read_not_called_format_errors():
+    """Well-formed but inadmissible commands (parsed=True, valid=False) are classified by what they were."""
+    room = ["go to countertop 1", "go to fridge 1", "look"]
+    start = "You are in the middle of a room. You see a countertop 1 and a fridge 1."
+
+    def refused(cmds: list[str]) -> Trajectory:
+        steps = [
+            Step(start, room, f"<action>{c}</action>", c, False, 0.0, NOTHING, parsed=True) for c in cmds
+        ]
+        return Trajectory(task_id=0, task_type=HEAT[0], goal=HEAT[1], steps=steps)
+
+    absent = heuristic_analyse(refused(["take egg 1 from shelf 3"]))
+    assert absent.failure_type == "entity_confusion" and "shelf 3" in absent.detail
+    again = heuristic_analyse(refused(["open fridge 1"] * 4))
+    assert again.failure_type == "repeated_failed_action"
+    wrong = heuristic_analyse(refused(["heat egg 1 with fridge 1"]))
+    assert wrong.failure_type == "wrong_object_interaction"
+    # many different refused commands, none naming an entity: still commands that had no effect
+    varied = heuristic_analyse(refused([f"go to the kitchen {w}" for w in ("now", "please", "again")]))
+    assert varied.failure_type == "repeated_failed_action" and "3 of 3" in varied.detail
 
 
 def test_won_and_env_failed_episodes_are_not_labelled():

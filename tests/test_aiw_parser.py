@@ -253,6 +253,13 @@ def test_analysis_prompt_structure():
     assert ANALYSIS_STOP in p
 
 
+def test_analysis_prompt_shows_refused_commands():
+    """A well-formed command the environment did not offer is shown as what it was, not as invalid."""
+    t = _traj(6)
+    t.steps[2].valid, t.steps[2].parsed, t.steps[2].action = False, True, "take egg 9 from shelf 3"
+    assert "3. REFUSED: take egg 9 from shelf 3 ->" in build_analysis_prompt(t, ALFWORLD)
+
+
 def test_analysis_prompt_elides_long_episodes():
     p = build_analysis_prompt(_traj(50), ALFWORLD, max_steps_shown=8, describe_types=False)
     assert "1. go to desk 0" in p and "2. go to desk 1" in p and "50. go to desk 49" in p

@@ -122,3 +122,80 @@ def test_bad_boosts_fail_clearly():
         s.update({3: 1.0})
     with pytest.raises(ValueError, match="not finite"):
         s.update({0: float("nan")})
+
+
+def _simulate(tmp_path, unlearnable_weight: float, rounds: int = 12) -> dict[str, float]:
+    """AIW rounds on a 60-task pool where heat tasks always fail, clean tasks half the time and the rest
+    rarely; returns the mean per-type sampling share of the last 4 rounds."""
+    from types import SimpleNamespace
+
+    from roleagent_jax.aiw import AIWState, FailureMemory, aiw_round
+    from roleagent_jax.envs import get_family
+    from roleagent_jax.envs.base import Task, TaskPool
+    from roleagent_jax.types import Trajectory
+
+    family = get_family("alfworld")
+    goals = {
+        "pick_heat_then_place_in_recep": "put a hot {o} in countertop.",
+        "pick_clean_then_place_in_recep": "put a clean {o} in cabinet.",
+        "pick_cool_then_place_in_recep": "put a cool {o} in diningtable.",
+        "pick_and_place_simple": "put some {o} on shelf.",
+        "look_at_obj_in_light": "look at {o} under the desklamp.",
+        "pick_two_obj_and_place": "put two {o} in drawer.",
+    }
+    win = {t: 0.95 for t in goals} | {
+        "pick_heat_then_place_in_recep": 0.0,
+        "pick_clean_then_place_in_recep": 0.5,
+    }
+    objs = ["apple", "mug", "egg", "potato", "cup", "plate", "bread", "tomato", "lettuce", "pan"]
+    tasks = [Task(f"{t}/{o}", t, g.format(o=o)) for t, g in goals.items() for o in objs]
+    pool = TaskPool(tasks)
+    state = AIWState(TaskSampler(len(pool), eta=1.0, decay=0.9, epsilon=0.2, cap=0.05, seed=0),
+                     FailureMemory(tmp_path / f"mem{unlearnable_weight}.jsonl"))  # fmt: skip
+    cfg = SimpleNamespace(retrieval="fuzzy", top_k=3, unlearnable_weight=unlearnable_weight, seed=0)
+    rng = np.random.default_rng(0)
+    shares = []
+    for it in range(rounds):
+        played = [
+            Trajectory(int(i), tasks[i].type, tasks[i].goal, won=bool(rng.random() < win[tasks[i].type]))
+            for i in state.sampler.sample(12, rng)
+            for _ in range(4)
+        ]
+        failed = [t for t in played if not t.won]
+        reports = [family.analyse_failure(t, 30) for t in failed]
+        aiw_round(state, failed, reports, pool, family, cfg, it, played=played)
+        shares.append(state.history[-1]["type_share"])
+    return {t: float(np.mean([s[t] for s in shares[-4:]])) for t in goals}
+
+
+def test_learnable_failures_gain_share_unwinnable_ones_are_not_over_boosted(tmp_path):
+    weighed = _simulate(tmp_path, 0.25)
+    plain = _simulate(tmp_path, 1.0)
+    uniform = 1 / 6
+    clean, heat = "pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep"
+    # failures concentrate on clean (learnable) and heat (unwinnable): clean gains >= 5 points
+    assert weighed[clean] >= uniform + 0.05, weighed
+    # the unwinnable type stays below the learnable one, and below what unweighed boosting gives it
+    assert weighed[heat] < weighed[clean], weighed
+    assert weighed[heat] < plain[heat] - 0.03, (weighed, plain)
+    # without the weighting the unwinnable type takes the most share
+    assert plain[heat] > plain[clean], plain
+
+
+def test_learnability_weights_and_round_trip():
+    s = TaskSampler(4)
+    s.record({0: 0.0, 1: 0.5, 2: 1.0})
+    assert [s.learnability(t, 0.25) for t in range(4)] == [0.25, 1.0, 0.25, 1.0]
+    assert s.learnability(3, 0.25, default=0.4) == 0.4
+    s.record({1: 1.0})  # recent rate: half the old, half the new
+    assert s.success[1] == pytest.approx(0.75)
+    assert s.learnability(1, 0.0) == pytest.approx(0.75)
+    state = json.loads(json.dumps(s.state_dict()))
+    t = TaskSampler(4)
+    t.load_state_dict(state)
+    np.testing.assert_array_equal(np.isnan(t.success), np.isnan(s.success))
+    assert t.success[1] == s.success[1]
+    with pytest.raises(ValueError, match="task 7"):
+        s.record({7: 1.0})
+    with pytest.raises(ValueError, match="unlearnable_weight"):
+        s.learnability(0, 1.5)

@@ -116,13 +116,17 @@ def aiw_round(
     *,
     seed: int,
     choose_fn: Callable[[list[str]], list[str]] | None = None,
+    played: Sequence[Trajectory] = (),
 ) -> dict[str, float]:
     """Add the reports to memory, retrieve similar tasks, update the sampler; returns scalar metrics.
 
     Boosts: each failed task gets ``cfg.self_boost``, each retrieved task its similarity; per task the
     round's boosts are combined by ``cfg.aggregate`` ("max" or "sum"). Episodes the environment broke
     (``env_failed``) are not agent failures and are skipped. ``cfg`` (configs/base.py's ``aiw``) fields
-    read: analyser, retrieval, top_k, min_sim, self_boost, aggregate. ``seed`` (the run's) seeds the
+    read: analyser, retrieval, top_k, min_sim, self_boost, aggregate, unlearnable_weight. Each boost is
+    weighed by the task's learnability (``TaskSampler.learnability`` with floor ``unlearnable_weight``;
+    1.0 = unweighed; a retrieved task never played takes its failed source's weight), from the success
+    rates of ``played`` (every trajectory of the round, won or not). ``seed`` (the run's) seeds the
     retrieval's tie-breaks; ``choose_fn(prompts) -> texts`` is the policy as chooser (retrieval ``llm``).
     """
     if len(failed_trajs) != len(reports):
@@ -152,9 +156,17 @@ def aiw_round(
         seed=int(seed) * 1_000_003 + int(iteration),
     )
     self_boost = float(cfg.self_boost)
+    floor = float(cfg.unlearnable_weight)
+    wins: dict[int, list[float]] = {}
+    for t in played:
+        if not t.env_failed:
+            wins.setdefault(t.task_id, []).append(float(t.won))
+    state.sampler.record({task: sum(w) / len(w) for task, w in wins.items()})
     boosts: dict[int, float] = {}
     for (traj, _), found in zip(pairs, hits):
+        source = state.sampler.learnability(traj.task_id, floor)
         for task, sim in [(traj.task_id, self_boost), *found]:
+            sim *= state.sampler.learnability(task, floor, default=source)
             prev = boosts.get(task)
             boosts[task] = sim if prev is None else (max(prev, sim) if aggregate == "max" else prev + sim)
     state.sampler.update(boosts)

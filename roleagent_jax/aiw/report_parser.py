@@ -58,7 +58,10 @@ def build_analysis_prompt(
             lines.append("... (steps omitted) ...")
             continue
         i, s = item
-        act = s.action if s.valid and s.action else f"INVALID: {_clip(s.response, 60)}"
+        if s.action and (s.valid or s.parsed):
+            act = s.action if s.valid else f"REFUSED: {s.action}"  # a command, just not an admissible one
+        else:
+            act = f"INVALID: {_clip(s.response, 60)}"
         lines.append(f"{i}. {_clip(act, 80)} -> {_clip(s.next_observation, obs_chars)}")
     if describe_types:
         lines.append("Failure types:")

@@ -9,6 +9,12 @@ with no new failures the logits go to 0 and the distribution back to uniform.
 
 The uniform floor keeps every task at least ``epsilon / N`` (no starvation); the bound and the cap keep
 any task from taking over (the public code's weights only grow).
+
+Learnability: ``record`` keeps each task's recent success rate s (an exponential average over rounds).
+A boost is worth most where a group of rollouts will disagree: ``learnability`` weighs it by
+``floor + (1 - floor) * 4 s (1 - s)``, 1 at s = 1/2 and ``floor`` for tasks every rollout fails (or
+wins), whose groups carry no advantage signal. Tasks never played weigh 1 (nothing says they are
+hopeless). With ``floor = 1`` every weight is 1.
 """
 
 from __future__ import annotations
@@ -75,7 +81,24 @@ class TaskSampler:
         self.eta, self.decay, self.temperature = float(eta), float(decay), float(temperature)
         self.epsilon, self.cap, self.bound = float(epsilon), cap, float(bound)
         self.logits = np.zeros(self.n_tasks, np.float64)
+        self.success = np.full(self.n_tasks, np.nan)  # recent success rate per task; NaN: never played
         self.rng = np.random.default_rng(seed)
+
+    def record(self, outcomes: Mapping[int, float], keep: float = 0.5) -> None:
+        """Fold this round's success rate per task (won share of its rollouts) into the recent rate."""
+        for task, won in outcomes.items():
+            t, won = int(task), float(won)
+            if not (0 <= t < self.n_tasks and 0.0 <= won <= 1.0):
+                raise ValueError(f"outcome {won} for task {t}: need a task of the pool and a rate in [0, 1]")
+            old = self.success[t]
+            self.success[t] = won if np.isnan(old) else keep * old + (1.0 - keep) * won
+
+    def learnability(self, task: int, floor: float, default: float = 1.0) -> float:
+        """How much a boost of `task` is worth (module docstring); `default` for a task never played."""
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"aiw.unlearnable_weight must be in [0, 1], got {floor}")
+        s = self.success[int(task)]
+        return default if np.isnan(s) else floor + (1.0 - floor) * 4.0 * s * (1.0 - s)
 
     def update(self, boosts: Mapping[int, float]) -> None:
         """One round: decay all logits, add ``eta * similarity`` to the boosted tasks, clip."""
@@ -121,6 +144,7 @@ class TaskSampler:
             "cap": self.cap,
             "bound": self.bound,
             "logits": self.logits.tolist(),
+            "success": [None if np.isnan(x) else float(x) for x in self.success],
             "rng": copy.deepcopy(self.rng.bit_generator.state),
         }
 
@@ -134,6 +158,8 @@ class TaskSampler:
             setattr(self, key, float(state[key]))
         self.cap = state["cap"]
         self.logits = np.asarray(state["logits"], np.float64).copy()
+        success = state.get("success") or [None] * self.n_tasks  # older checkpoints have no rates
+        self.success = np.array([np.nan if x is None else float(x) for x in success], np.float64)
         rng_state = copy.deepcopy(dict(state["rng"]))
         self.rng = np.random.Generator(getattr(np.random, rng_state["bit_generator"])())
         self.rng.bit_generator.state = rng_state

@@ -2,9 +2,11 @@
 
 Used when the policy is too small to analyse its own failures (the embedded default) and as the
 labeller for failure-mode reports. Each rule looks for one pattern in the action/observation
-sequence; rules are tried in ``RULE_ORDER`` (root causes before their symptoms: a format error
-explains loops, a skipped precondition explains running out of steps) and the first hit labels the
-episode. Lessons and queries are written from templates that name the task *pattern* ("clean then
+sequence; rules are tried in ``RULE_ORDER`` (root causes before their symptoms: a skipped
+precondition explains running out of steps, naming an object that is not there explains the refusals
+that follow) and the first hit labels the episode. A command the environment refused is still a
+command: only responses with no parsable action count as format errors, and those label the episode
+first only when they dominate it (otherwise they are the fallback when no other rule matches). Lessons and queries are written from templates that name the task *pattern* ("clean then
 place"), never the surface object, so retrieval generalises across objects.
 """
 
@@ -26,6 +28,8 @@ _XFORM = re.compile(r"^(clean|heat|cool) (.+?) with (.+)$")
 _USE = re.compile(r"^use (.+)$")
 _NOTHING = "nothing happens"
 _LAMPS = ("desklamp", "floorlamp")
+_ENTITY = re.compile(r"[a-z]+ \d+")
+_ARGS = re.compile(r"^(?:go to|open|close|examine|use|slice) (.+)$")
 
 
 def _kind(entity: str) -> str:
@@ -36,9 +40,9 @@ def _kind(entity: str) -> str:
 @dataclass
 class _Event:
     step: int  # 1-based
-    action: str | None  # normalised action, None when invalid
+    action: str | None  # normalised command (admissible or not), None when the response had none
     obs: str
-    failed: bool  # the environment answered "Nothing happens."
+    failed: bool  # the environment refused it: inadmissible, or it answered "Nothing happens."
 
 
 @dataclass
@@ -56,16 +60,22 @@ class _Facts:
     xforms: list[tuple[int, str, str, str]]  # (step, verb, entity, appliance) of successful transforms
     uses: list[tuple[int, str, tuple[str, ...]]]  # (step, used entity, held entities) of successful uses
     gotos: list[tuple[int, str]]  # (step, target) of go-to actions
+    known: set[str]  # entities ("apple 1") the trajectory's observations or admissible lists mention
+    room_listed: bool  # some step recorded a non-empty admissible list
 
 
 def _facts(traj: Trajectory, max_steps: int) -> _Facts:
     events, takes, puts, xforms, uses, gotos = [], [], [], [], [], []
     held: list[str] = []
+    known: set[str] = set()
     for i, s in enumerate(traj.steps, 1):
-        act = re.sub(r"\s+", " ", s.action).strip().lower() if (s.valid and s.action) else None
+        wrote = s.valid or s.parsed
+        act = re.sub(r"\s+", " ", s.action).strip().lower() if (wrote and s.action) else None
         obs = s.next_observation or ""
-        failed = obs.strip().lower().startswith(_NOTHING)
+        failed = obs.strip().lower().startswith(_NOTHING) or (act is not None and not s.valid)
         events.append(_Event(i, act, obs, failed))
+        for text in (s.observation or "", obs, *(s.admissible or ())):
+            known.update(_ENTITY.findall(text.lower()))
         if act is None:
             continue
         if m := _GO.match(act):
@@ -85,14 +95,15 @@ def _facts(traj: Trajectory, max_steps: int) -> _Facts:
             uses.append((i, m.group(1), tuple(held)))
     return _Facts(
         events, parse_goal(traj.goal, traj.task_type), traj.task_type, max_steps, traj.won, traj.env_failed,
-        takes, puts, xforms, uses, gotos,
+        takes, puts, xforms, uses, gotos, known, any(s.admissible for s in traj.steps),
     )  # fmt: skip
 
 
 _Hit = tuple[int | None, str]  # (critical step, detail)
 
 
-def _format_error(f: _Facts) -> _Hit | None:
+def _format_error(f: _Facts, share: float = 0.5, run: int = 5) -> _Hit | None:
+    """No parsable action in at least `share` of the responses, or in `run` responses in a row."""
     bad = [e.step for e in f.events if e.action is None]
     if not bad:
         return None
@@ -103,8 +114,44 @@ def _format_error(f: _Facts) -> _Hit | None:
         start = start if b == a + 1 else b
         if streak > best:
             best, best_start = streak, start
-    if best >= 3 or len(bad) >= max(3, 0.3 * len(f.events)):
-        return best_start, f"{len(bad)} of {len(f.events)} responses had no valid action"
+    if best >= run or len(bad) >= share * len(f.events):
+        return best_start, f"{len(bad)} of {len(f.events)} responses had no parsable action"
+    return None
+
+
+def _some_format_error(f: _Facts) -> _Hit | None:
+    """The fallback: any unparsable response, when nothing else explains the failure."""
+    return _format_error(f, share=0.0, run=1)
+
+
+def _mostly_refused(f: _Facts) -> _Hit | None:
+    """The fallback for a policy that keeps writing commands the room does not take, all different."""
+    refused = [e.step for e in f.events if e.action and e.failed]
+    if refused and len(refused) >= 0.5 * len(f.events):
+        return refused[0], f"{len(refused)} of {len(f.events)} commands had no effect"
+    return None
+
+
+def _arguments(action: str) -> list[str]:
+    for pattern in (_TAKE, _PUT, _XFORM, _ARGS):
+        if m := pattern.match(action):
+            return [g.strip() for g in m.groups()]
+    return []
+
+
+def _absent_entity(f: _Facts) -> _Hit | None:
+    """A refused command naming an object or receptacle that nothing in the episode ever showed (only
+    judged when the steps recorded their admissible commands, which list every receptacle of the room;
+    the kinds the goal names count as present)."""
+    if not f.room_listed:
+        return None
+    named = {f.goal.obj, f.goal.recep, f.goal.lamp} - {None}  # the task says these are in the room
+    for e in f.events:
+        if e.action and e.failed:
+            args = [a for a in _arguments(e.action) if _ENTITY.fullmatch(a)]
+            missing = [a for a in args if a not in f.known and _kind(a) not in named]
+            if missing:
+                return e.step, f"'{e.action}' names {missing[0]}, which is not in the room"
     return None
 
 
@@ -127,6 +174,8 @@ def _missing_precondition(f: _Facts) -> _Hit | None:
 
 
 def _entity_confusion(f: _Facts) -> _Hit | None:
+    if hit := _absent_entity(f):
+        return hit
     g = f.goal
     if not g.obj:
         return None
@@ -147,10 +196,17 @@ def _entity_confusion(f: _Facts) -> _Hit | None:
 
 
 def _wrong_receptacle(f: _Facts) -> _Hit | None:
+    """The goal object (prepared) put, or offered, to another kind of receptacle and never to the goal's."""
     g = f.goal
     if not (g.obj and g.recep):
         return None
-    for s, ent, rec in f.puts:
+    taken = {ent for _, ent in f.takes}
+    tried = [
+        (e.step, m.group(1), m.group(2))
+        for e in f.events
+        if e.action and e.failed and (m := _PUT.match(e.action)) and m.group(1) in taken
+    ]
+    for s, ent, rec in sorted(f.puts + tried):
         if _kind(ent) == g.obj and _kind(rec) != g.recep and _prepared(f, ent, s):
             later = any(p[1] == ent and _kind(p[2]) == g.recep for p in f.puts if p[0] > s)
             if not later:
@@ -168,6 +224,10 @@ def _wrong_object_interaction(f: _Facts) -> _Hit | None:
     for e in f.events:
         if e.action and e.failed and (m := _USE.match(e.action)) and _kind(m.group(1)) not in _LAMPS:
             return e.step, f"tried to use {m.group(1)}, which cannot be used"
+        if e.action and e.failed and (m := _XFORM.match(e.action)):
+            verb, ent, app = m.groups()
+            if APPLIANCE_OF_TRANSFORM[verb] != _kind(app) or (need is not None and verb != need):
+                return e.step, f"tried to {verb} {ent} with {app}"
     return None
 
 
@@ -251,6 +311,15 @@ RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
     "wrong_target_location": _wrong_target_location,
     "exhaustive_exploration_failure": _exhaustive_exploration,
 }
+_BEFORE_GIVE_UP = list(RULES).index("premature_give_up")
+# (type, rule) in the order they are tried: a dominant format error first; mostly refused commands
+# explain stopping early; a stray unparsable answer is the last resort
+RULE_SEQUENCE: tuple[tuple[str, Callable[[_Facts], _Hit | None]], ...] = (
+    *list(RULES.items())[:_BEFORE_GIVE_UP],
+    ("repeated_failed_action", _mostly_refused),
+    *list(RULES.items())[_BEFORE_GIVE_UP:],
+    ("action_format_error", _some_format_error),
+)
 RULE_ORDER = tuple(RULES)
 
 # type -> (lesson, query) templates; {p} pattern name, {prep} what must come first, {verb} its short name
@@ -313,8 +382,8 @@ def heuristic_analyse(traj: Trajectory, max_steps: int = 50) -> FailureReport:
     f = _facts(traj, max_steps)
     ftype, hit = UNKNOWN, None
     if not traj.won and not traj.env_failed:
-        for name in RULE_ORDER:
-            hit = RULES[name](f)
+        for name, rule in RULE_SEQUENCE:
+            hit = rule(f)
             if hit is not None:
                 ftype = name
                 break
