@@ -110,6 +110,7 @@ class Cfg:
     temperature = 1.0
     epsilon = 0.2
     cap = 0.05
+    unlearnable_weight = 1.0  # unweighed boosts: these tests pin the plain boosting rule
     seed = 0
 
 

@@ -152,7 +152,15 @@ def _simulate(tmp_path, unlearnable_weight: float, rounds: int = 12) -> dict[str
     pool = TaskPool(tasks)
     state = AIWState(TaskSampler(len(pool), eta=1.0, decay=0.9, epsilon=0.2, cap=0.05, seed=0),
                      FailureMemory(tmp_path / f"mem{unlearnable_weight}.jsonl"))  # fmt: skip
-    cfg = SimpleNamespace(retrieval="fuzzy", top_k=3, unlearnable_weight=unlearnable_weight, seed=0)
+    cfg = SimpleNamespace(
+        analyser="heuristic",
+        retrieval="fuzzy",
+        top_k=3,
+        min_sim=0.0,
+        self_boost=1.0,
+        aggregate="max",
+        unlearnable_weight=unlearnable_weight,
+    )
     rng = np.random.default_rng(0)
     shares = []
     for it in range(rounds):
@@ -163,7 +171,7 @@ def _simulate(tmp_path, unlearnable_weight: float, rounds: int = 12) -> dict[str
         ]
         failed = [t for t in played if not t.won]
         reports = [family.analyse_failure(t, 30) for t in failed]
-        aiw_round(state, failed, reports, pool, family, cfg, it, played=played)
+        aiw_round(state, failed, reports, pool, family, cfg, it, seed=0, played=played)
         shares.append(state.history[-1]["type_share"])
     return {t: float(np.mean([s[t] for s in shares[-4:]])) for t in goals}
 
