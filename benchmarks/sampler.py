@@ -1,6 +1,6 @@
 """Generated tokens/s of our sampler against transformers `generate` (PyTorch, CPU), same run.
 
-Setting (issue 3): random Qwen2 with vocab 8192, hidden 512, intermediate 1408, 4 layers, 8 heads,
+Setting: random Qwen2 with vocab 8192, hidden 512, intermediate 1408, 4 layers, 8 heads,
 2 KV heads, untied (~20M parameters); greedy, EOS disabled so both sides generate exactly `--new`
 tokens per row. Two workloads, each timed against `generate` on the same rows:
 
