@@ -105,6 +105,22 @@ def expand_paths(config: ConfigDict) -> ConfigDict:
     return config
 
 
+def _split_errors(config: ConfigDict, family) -> list[str]:
+    """Split names the family does not know, named with the ones it does (before the warm start)."""
+    known = family.known_splits()
+    if known is None:
+        return []
+    errors = []
+    hint = f"{family.name} knows {', '.join(known)}"
+    if config.env.train_split not in known:
+        errors.append(f"--config.env.train_split={config.env.train_split!r}: {hint}")
+    splits = config.env.eval_splits
+    for split in (splits,) if isinstance(splits, str) else splits:
+        if split not in known:
+            errors.append(f"--config.env.eval_splits: unknown split {split!r}; {hint}")
+    return errors
+
+
 def startup_errors(config: ConfigDict) -> list[str]:
     """Checks across keys, of the model's shape and of the model directory's files (headers only), so
     a run fails before any game is played."""
@@ -118,6 +134,7 @@ def startup_errors(config: ConfigDict) -> list[str]:
             family.check_options(family.resolve_options(node.to_dict() if node is not None else {}))
         except (ValueError, TypeError) as err:
             errors.append(f"--config.env.{family.name}: {err}")
+        errors += _split_errors(config, family)
     if config.checkpoint.overwrite and config.checkpoint.resume:
         errors.append(
             "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "

@@ -518,3 +518,34 @@ def test_a_corrupt_model_directory_fails_at_startup(model_dir, tmp_path):
         ValueError, match=rf"--config.model.path='{path}': {path / 'model.safetensors'}: empty file"
     ):
         validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# split names, the evaluate CLI, data files
+
+
+@pytest.mark.parametrize("key", ["env.train_split", "env.eval_splits"])
+def test_unknown_split_names_fail_at_startup_with_the_known_ones(key):
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    if key == "env.train_split":
+        c.env.train_split = "bogus"
+    else:
+        c.env.eval_splits = ("valid_seen", "bogus")
+    with pytest.raises(ValueError) as err:
+        validate(c)
+    assert f"--config.{key}" in str(err.value) and "'bogus'" in str(err.value)
+    assert "valid_unseen" in str(err.value) and "gen_seen" in str(err.value)
+
+
+def test_a_family_without_listed_splits_accepts_any_name():
+    from roleagent_jax.envs.base import Family, get_family
+
+    assert Family().known_splits() is None
+    assert "gen_seen" in get_family("alfworld").known_splits()
+
+
+def test_cli_bogus_eval_split_is_one_line_before_any_work():
+    out = run_main("--config=configs/demo.py", "--config.env.eval_splits=bogus", timeout=120)
+    assert_one_line_error(out, "--config.env.eval_splits", "bogus", "gen_unseen")

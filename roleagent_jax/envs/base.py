@@ -203,6 +203,10 @@ class Family:
     """Split names whose tasks the family generates itself (no download), e.g. ("gen_seen", "gen_unseen").
     The trainer gives each (split, purpose) its own folder, size and seed; other splits are real data."""
 
+    data_splits: ClassVar[tuple[str, ...] | None] = None
+    """Names of the family's real data splits, e.g. ("train", "valid_seen"), so a misspelt split fails at
+    start-up; see `known_splits`. None: the family does not list them and any name reaches `task_pool`."""
+
     gen_options: ClassVar[Mapping[str, Any]] = {}
     """The family's own generation settings with their defaults (ALFWorld: room sizes). The trainer passes
     `config.env.<name>` (when the config has that subtree) as `options` to `task_pool`."""
@@ -258,6 +262,14 @@ class Family:
         same tasks. An unknown split raises ValueError listing the known ones.
         """
         raise NotImplementedError(f"family {self.name!r} does not implement task_pool")
+
+    def known_splits(self) -> tuple[str, ...] | None:
+        """Every split name `task_pool` accepts (data splits, then generated ones), checked against the
+        config before any work starts. Default: `data_splits` + `generated_splits`, or None (no check)
+        when the family leaves `data_splits` unset."""
+        if self.data_splits is None:
+            return None
+        return tuple(self.data_splits) + tuple(self.generated_splits)
 
     def resolve_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """`gen_options` updated with `options`; ValueError naming any key the family does not know."""

@@ -25,6 +25,7 @@ class AlfWorld(Family):
     action_stop = prompts.ACTION_STOP
     empty_action = "look"
     has_expert = True
+    data_splits = games.DATA_SPLITS
     generated_splits = tuple(games.GEN_POOLS)
     gen_options = {"num_receptacles": (4, 6), "num_objects": (2, 4)}  # procgen.GenSize defaults
     predictor_framing = PredictorFraming(

@@ -24,6 +24,7 @@ TASK_TYPES = (
 WIN_REWARD = 10.0
 GOAL_PREFIX = "Your task is to: "
 GAME_FILE = "game.tw-pddl"
+DATA_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")  # alfworld-download's json_2.1.1
 GEN_POOLS = {"gen_seen": "seen", "gen_unseen": "unseen"}  # generated split -> combination pool
 
 
