@@ -41,6 +41,7 @@ def get_config() -> ConfigDict:
     c.env = ConfigDict()
     c.env.name = "alfworld"  # the scenario family (roleagent_jax.envs.registered())
     c.env.data_dir = ""  # "" = $ALFWORLD_DATA
+    c.env.on_corrupt = "fail"  # a real split's unreadable task file: fail naming it, or skip it with a warning
     c.env.train_split = "train"  # a split of the family; ALFWorld: train | valid_* | gen_seen | gen_unseen
     c.env.eval_splits = ("valid_seen", "valid_unseen")
     c.env.max_steps = 50

@@ -22,6 +22,7 @@ CHOICES = {
     "wia.backend": ("rapidfuzz", "difflib"),
     "aiw.analyser": ("llm", "heuristic"),
     "aiw.retrieval": ("fuzzy", "embedding", "llm"),
+    "env.on_corrupt": ("fail", "skip"),
 }
 # (key, low, high, low_inclusive): numeric ranges.
 RANGES = (

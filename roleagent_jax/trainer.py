@@ -28,7 +28,7 @@ from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
 from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
-from roleagent_jax.episodes import success_summary
+from roleagent_jax.episodes import failed_games, success_summary
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.policy import write_prompt_settings
@@ -55,13 +55,19 @@ def family_options(config: ConfigDict, family: Family) -> dict:
     return dict(node.to_dict()) if node is not None else {}
 
 
+def _print_failed(where: str, trajs, pool) -> None:
+    """Name each game whose environment failed (it counts as a loss) and why."""
+    for game in failed_games(trajs, pool):
+        print(f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True)
+
+
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
     """Real data splits come from the family's data folder; its generated splits go into the workdir.
 
     With several processes, process 0 generates and the others then read the same files.
     """
     if split not in family.generated_splits:
-        return family.task_pool(split, data_dir=config.env.data_dir or None)
+        return family.task_pool(split, data_dir=config.env.data_dir or None, on_corrupt=config.env.on_corrupt)
     g = config.env.gen
     # Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
     # held out from both training sets, and the warm start's (with warmstart.own_games) are never RL's.
@@ -315,6 +321,7 @@ class Trainer:
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
             settings = dataclasses.replace(self.settings, wia_mode="off")
             result = self._collect(gen, envs, ids, ids, settings, 0)
+        _print_failed(f"evaluation on {split}", result.trajectories, pool)
         return success_summary(result.trajectories, self.family.task_types)
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
@@ -391,6 +398,7 @@ class Trainer:
             it,
         )
         t_rollout = time.perf_counter() - t0
+        _print_failed(f"iteration {it}", result.trajectories, self.train_pool)
         metrics: dict[str, float] = {}
         rows = result.rows
         multiplier = None

@@ -549,3 +549,99 @@ def test_a_family_without_listed_splits_accepts_any_name():
 def test_cli_bogus_eval_split_is_one_line_before_any_work():
     out = run_main("--config=configs/demo.py", "--config.env.eval_splits=bogus", timeout=120)
     assert_one_line_error(out, "--config.env.eval_splits", "bogus", "gen_unseen")
+
+
+def fake_split(root: Path, corrupt: bool = True) -> Path:
+    """A real-layout ALFWorld split of two games, the second one's file truncated mid-JSON."""
+    split = root / "json_2.1.1" / "valid_seen"
+    grammar = 'Your task is to: put a mug in cabinet."'
+    for i, name in enumerate(
+        ("pick_and_place_simple-Mug-None-Cabinet-1", "pick_and_place_simple-Cup-None-Shelf-2")
+    ):
+        game = split / name / "trial_1" / "game.tw-pddl"
+        game.parent.mkdir(parents=True)
+        text = json.dumps({"solvable": True, "grammar": grammar, "pddl_problem": "x"})
+        game.write_text(text[:20] if corrupt and i == 1 else text)
+    return split
+
+
+def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
+    from roleagent_jax.envs.base import get_family
+
+    split = fake_split(tmp_path)
+    bad = split / "pick_and_place_simple-Cup-None-Shelf-2" / "trial_1" / "game.tw-pddl"
+    with pytest.raises(ValueError, match="corrupt game file " + str(bad).replace("/", "/")):
+        get_family("alfworld").task_pool("valid_seen", data_dir=tmp_path)
+
+
+def test_a_corrupt_game_file_is_skipped_with_a_warning_when_asked(tmp_path):
+    from roleagent_jax.envs.base import get_family
+
+    fake_split(tmp_path)
+    with pytest.warns(UserWarning, match="Shelf-2/trial_1/game.tw-pddl"):
+        pool = get_family("alfworld").task_pool("valid_seen", data_dir=tmp_path, on_corrupt="skip")
+    assert [Path(t.id).parent.parent.name for t in pool.tasks] == ["pick_and_place_simple-Mug-None-Cabinet-1"]
+
+
+def test_evaluate_cli_names_a_corrupt_game_file_and_skips_it_on_request(tmp_path):
+    fake_split(tmp_path)
+    out = run_evaluate("--split=valid_seen", f"--data={tmp_path}", timeout=120)
+    assert_one_line_error(out, "corrupt game file", "Shelf-2/trial_1/game.tw-pddl")
+    from roleagent_jax.evaluate import build_parser
+
+    assert build_parser().parse_args(["--on-corrupt=skip"]).on_corrupt == "skip"
+
+
+def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "roleagent_jax.evaluate", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=0", "--num-workers=0"])
+def test_evaluate_cli_arguments_are_checked(flag):
+    out = run_evaluate("--policy=random", "--split=gen_seen", "--gen-n=1", flag)
+    assert_one_line_error(out, flag)
+
+
+class FailingEnvs:
+    """An env pool whose second game's environment crashes at reset (as a dead worker reports it)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def reset(self, task_ids, expert=False):
+        from roleagent_jax.envs.base import Observation
+
+        return [
+            Observation(
+                text="", anchor="", admissible=[], done=True, failed=True, info={"error": "OSError: boom"}
+            )
+            if t == 1
+            else Observation(text="You are in a room.", anchor="room", admissible=["look"])
+            for t in task_ids
+        ]
+
+    def step(self, actions):
+        from roleagent_jax.envs.base import Observation
+
+        return {
+            i: Observation(text="done", anchor="done", admissible=[], done=True, won=True) for i in actions
+        }
+
+
+def test_failed_games_are_listed_by_name_and_reason():
+    from roleagent_jax.envs.base import Task, TaskPool, get_family
+    from roleagent_jax.evaluate import RandomPolicy, run_episodes, summarize
+
+    family = get_family("alfworld")
+    pool = TaskPool([Task(f"game{i}", family.task_types[0], "goal", None) for i in range(3)])
+    trajs = run_episodes(RandomPolicy(family), family, FailingEnvs(pool), [0, 1, 2], max_steps=3)
+    summary = summarize("s", trajs, family.task_types, pool)
+    assert summary["env_failed"] == 1
+    assert summary["failed_games"] == [{"task": "game1", "reason": "OSError: boom"}]
+    assert summary["success"] == pytest.approx(2 / 3)

@@ -252,6 +252,7 @@ class Family:
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
         """The tasks of `split`, in a fixed order.
 
@@ -259,7 +260,9 @@ class Family:
         variable) and raise FileNotFoundError naming what is missing and how to get it. Generated splits
         (`generated_splits`) write or reuse `n` tasks made with `seed` and `options` (the family's
         `gen_options` keys; unknown keys raise ValueError) under `gen_dir`: the same arguments give the
-        same tasks. An unknown split raises ValueError listing the known ones.
+        same tasks. An unknown split raises ValueError listing the known ones. A real split's task file
+        that cannot be read raises ValueError naming it (`on_corrupt="fail"`) or is left out with a
+        warning naming it (`"skip"`).
         """
         raise NotImplementedError(f"family {self.name!r} does not implement task_pool")
 

@@ -83,6 +83,7 @@ class WebShop(Family):
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
         if split in GEN_SPLITS:
             opts = self.resolve_options(options)
