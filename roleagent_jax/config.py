@@ -148,6 +148,15 @@ def startup_errors(config: ConfigDict) -> list[str]:
             check_pretrained(config.model.path)
         except (ValueError, FileNotFoundError) as err:
             errors.append(f"--config.model.path={config.model.path!r}: {err}")
+    tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
+    tokenizer_dir = config.tokenizer.path or config.model.path
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        from roleagent_jax.tokenizer import check_tokenizer_dir
+
+        try:
+            check_tokenizer_dir(tokenizer_dir)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.{tokenizer_key}={tokenizer_dir!r}: {err}")
     if not config.model.path:
         from roleagent_jax.models import Qwen2Config
 

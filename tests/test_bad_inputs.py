@@ -308,14 +308,14 @@ def test_the_random_models_shape_is_checked_at_startup():
         validate(c)
 
 
-def test_tilde_is_expanded_in_paths(model_dir, tmp_path, monkeypatch):
+def test_tilde_is_expanded_in_paths(model_dir, tokenizer_dir, tmp_path, monkeypatch):
     import shutil
 
     from roleagent_jax.config import PATH_KEYS, validate
 
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copytree(model_dir, tmp_path / "model")
-    (tmp_path / "tok").mkdir()
+    shutil.copytree(tokenizer_dir, tmp_path / "tok")
     c = base_config()
     c.workdir, c.model.path, c.tokenizer.path = "~/run", "~/model", "~/tok"
     c.env.data_dir, c.env.gen.dir = "~/data", "~/games"
@@ -645,3 +645,42 @@ def test_failed_games_are_listed_by_name_and_reason():
     assert summary["env_failed"] == 1
     assert summary["failed_games"] == [{"task": "game1", "reason": "OSError: boom"}]
     assert summary["success"] == pytest.approx(2 / 3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# tokenizer directories
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from roleagent_jax.tokenizer import train_bpe_tokenizer
+
+    path = tmp_path_factory.mktemp("tok")
+    train_bpe_tokenizer(["go to the fridge", "take the apple from the table"] * 20, 300, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("tokenizer.json", '{"version": "1.0", "model": ', "not valid JSON"),
+        ("tokenizer.json", '{"version": "1.0", "model": {"type": "Nope"}}', "not a valid tokenizer"),
+        ("tokenizer_config.json", "\x00\x01garbage", "not valid JSON"),
+    ],
+)
+def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, name, content, needle):
+    import shutil
+
+    from roleagent_jax.config import validate
+    from roleagent_jax.tokenizer import load_tokenizer
+
+    path = Path(shutil.copytree(tokenizer_dir, tmp_path / "t"))
+    load_tokenizer(path)  # intact: loads
+    (path / name).write_text(content)
+    with pytest.raises(ValueError, match=needle) as err:
+        load_tokenizer(path)
+    assert str(path / name) in str(err.value) and "\n" not in str(err.value)
+    c = base_config()
+    c.tokenizer.path = str(path)
+    with pytest.raises(ValueError, match=f"--config.tokenizer.path=.*{name}.*{needle}"):
+        validate(c)
