@@ -58,7 +58,9 @@ def family_options(config: ConfigDict, family: Family) -> dict:
 def _print_failed(where: str, trajs, pool) -> None:
     """Name each game whose environment failed (it counts as a loss) and why."""
     for game in failed_games(trajs, pool):
-        print(f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True)
+        print(
+            f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
+        )
 
 
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
@@ -322,6 +324,11 @@ class Trainer:
             settings = dataclasses.replace(self.settings, wia_mode="off")
             result = self._collect(gen, envs, ids, ids, settings, 0)
         _print_failed(f"evaluation on {split}", result.trajectories, pool)
+        counts = self.host.setdefault("eval_counts", {})  # games per task type: the report's standard errors
+        counts[split] = {
+            k: sum(t.task_type == k for t in result.trajectories) for k in self.family.task_types
+        }
+        counts[split]["all"] = len(result.trajectories)
         return success_summary(result.trajectories, self.family.task_types)
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
