@@ -684,3 +684,25 @@ def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, n
     c.tokenizer.path = str(path)
     with pytest.raises(ValueError, match=f"--config.tokenizer.path=.*{name}.*{needle}"):
         validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# help
+
+
+@pytest.mark.parametrize(
+    "module,flags",
+    [
+        ("roleagent_jax.main", ("--config", "workdir", "model.path", "env.eval_splits", "log.progress")),
+        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint")),
+        ("roleagent_jax.plan", ("--config", "--mesh", "--model", "--micro-batch-rows")),
+    ],
+)
+def test_help_names_the_common_flags_and_points_to_the_docs(module, flags):
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    for needle in (*flags, "README.md", "configs/base.py", "docs/"):
+        assert needle in text, (module, needle)
