@@ -125,6 +125,7 @@ def get_config() -> ConfigDict:
     c.warmstart.steps = 0
     c.warmstart.lr = 1e-3
     c.warmstart.batch_rows = 32
+    c.warmstart.checkpoint_every = 250  # steps between warm-start checkpoints (0 = none); a kill resumes there
     c.warmstart.n_games = 0  # games the expert plays (0 = the whole RL pool)
     c.warmstart.own_games = False  # generated splits: the warm start plays games RL never trains on
     c.warmstart.explore = 0.0  # share of expert steps played off-plan (DAgger-style recovery states)

@@ -80,6 +80,7 @@ RANGES = (
     ("warmstart.steps", 0, None, True),
     ("warmstart.lr", 0.0, None, False),
     ("warmstart.batch_rows", 1, None, True),
+    ("warmstart.checkpoint_every", 0, None, True),
     ("warmstart.n_games", 0, None, True),
     ("warmstart.explore", 0.0, 0.9, True),
     ("warmstart.predictor_fraction", 0.0, 1.0, True),

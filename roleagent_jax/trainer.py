@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
 from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
-from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
+from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
 from roleagent_jax.episodes import failed_games, success_summary
@@ -361,6 +361,8 @@ class Trainer:
         if self.host["warm_started"] or c.warmstart.steps == 0:
             return
         examples = self._examples()
+        every = c.warmstart.checkpoint_every
+        ckpt = Checkpointer(self.workdir / WARMSTART_CHECKPOINTS, keep=2) if every else None
         params, losses = run_sft(
             self.graphdef,
             self.state.params,
@@ -373,7 +375,11 @@ class Trainer:
             lr=c.warmstart.lr,
             seed=c.seed,
             progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
+            checkpoint=ckpt,
+            checkpoint_every=every,
         )
+        if ckpt is not None:
+            ckpt.close()
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params

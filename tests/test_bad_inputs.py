@@ -706,3 +706,68 @@ def test_help_names_the_common_flags_and_points_to_the_docs(module, flags):
     text = " ".join(out.stdout.split())
     for needle in (*flags, "README.md", "configs/base.py", "docs/"):
         assert needle in text, (module, needle)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the warm start: checkpoints every N steps, a kill resumes to the same result
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after(n: int):
+    def progress(steps):
+        for i, s in enumerate(steps):
+            if i == n:
+                raise Killed
+            yield s
+
+    return progress
+
+
+def test_a_killed_warm_start_resumes_to_the_same_parameters(tmp_path):
+    from flax import nnx
+
+    from roleagent_jax.checkpointing import Checkpointer
+    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from roleagent_jax.warmstart import Example, run_sft
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(12)]
+
+    def encode(text: str) -> list[int]:
+        return [1 + (ord(ch) % 60) for ch in text]
+
+    def sft(checkpoint=None, progress=None):
+        return run_sft(
+            graphdef, params, examples, encode, encode, 0, steps=7, batch_rows=4, lr=1e-2, seed=3,
+            progress=progress, checkpoint=checkpoint, checkpoint_every=2,
+        )  # fmt: skip
+
+    whole, whole_losses = sft()
+    first = Checkpointer(tmp_path / "ws", keep=2)
+    with pytest.raises(Killed):
+        sft(first, kill_after(5))  # steps 1-5 ran; 2 and 4 were saved
+    first.close()
+    assert sorted(int(p.name) for p in (tmp_path / "ws").iterdir() if p.name.isdigit()) == [2, 4]
+    second = Checkpointer(tmp_path / "ws", keep=2)
+    ran = []
+    resumed, losses = sft(second, lambda steps: (ran.append(s) or s for s in steps))
+    second.close()
+    assert ran == [4, 5, 6]  # only the steps after the last checkpoint
+    assert losses == pytest.approx(whole_losses, rel=0, abs=0)
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_fresh_start_refuses_to_run_over_a_killed_warm_start(tmp_path):
+    from roleagent_jax.checkpointing import CheckpointError, claim_workdir
+
+    write_steps(tmp_path / "warmstart_checkpoints", steps=(2,))
+    with pytest.raises(CheckpointError, match="warmstart_checkpoints holds checkpoints"):
+        claim_workdir(tmp_path, resume=False, overwrite=False)
