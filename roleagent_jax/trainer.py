@@ -63,6 +63,13 @@ def _print_failed(where: str, trajs, pool) -> None:
         )
 
 
+def say(config: ConfigDict, text: str) -> None:
+    """One progress line for a phase that shows no bar (game generation, expert play, tokenizer,
+    evaluation), on process 0 and only with log.progress; written above any running bar."""
+    if config.log.progress and distributed.is_main_process():
+        tqdm.write(text)
+
+
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
     """Real data splits come from the family's data folder; its generated splits go into the workdir.
 
@@ -79,6 +86,7 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
         "warmstart": (config.warmstart.n_games, 2000),
     }[purpose]
     seed = g.seed + offset
+    say(config, f"games: {n} {split} games for {purpose} (made once, then reused)")
 
     def generate() -> TaskPool:
         return family.task_pool(
@@ -242,6 +250,7 @@ class Trainer:
         if not hasattr(self, "_experts"):
             pool = self._warmstart_pool()
             ids = list(range(len(pool)))
+            say(self.config, f"expert: playing {len(ids)} games for the warm start's examples")
             # The expert plays to the end even when RL episodes are cut shorter.
             with self._env_pool(pool, EXPERT_MAX_STEPS) as envs:
                 self._experts = expert_episodes(
@@ -266,6 +275,10 @@ class Trainer:
         texts = []
         for e in self._examples():
             texts += [e.prompt, e.target]
+        say(
+            self.config,
+            f"tokenizer: fitting a {self.config.tokenizer.train_vocab_size}-token BPE to {len(texts)} texts",
+        )
         if self.is_main:
             train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
         distributed.sync("tokenizer")
@@ -318,6 +331,7 @@ class Trainer:
         pool = self.train_pool if split == c.env.train_split and not generated else None
         pool = pool or make_task_pool(c, self.family, split, self.workdir, "eval")
         ids = list(range(len(pool)))[: limit or None]
+        say(c, f"evaluation: playing {len(ids)} {split} games")
         with self._env_pool(pool) as envs:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
