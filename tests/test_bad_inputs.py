@@ -771,3 +771,16 @@ def test_a_fresh_start_refuses_to_run_over_a_killed_warm_start(tmp_path):
     write_steps(tmp_path / "warmstart_checkpoints", steps=(2,))
     with pytest.raises(CheckpointError, match="warmstart_checkpoints holds checkpoints"):
         claim_workdir(tmp_path, resume=False, overwrite=False)
+
+
+def test_webshop_split_names_are_checked_too():
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    c.env.name, c.env.train_split, c.env.eval_splits = "webshop", "gen_train", ("gen_test", "test")
+    validate(c)
+    c.env.eval_splits = ("valid_seen",)
+    with pytest.raises(
+        ValueError, match="--config.env.eval_splits: unknown split 'valid_seen'; webshop knows"
+    ):
+        validate(c)
