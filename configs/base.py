@@ -45,6 +45,9 @@ def get_config() -> ConfigDict:
     c.env.name = "alfworld"  # the scenario family (roleagent_jax.envs.registered())
     c.env.data_dir = ""  # "" = $ALFWORLD_DATA
     c.env.data_required = False  # True: the real splits' data is checked at start-up, before any game
+    c.env.on_corrupt = (
+        "fail"  # a real split's unreadable task file: fail naming it, or skip it with a warning
+    )
     c.env.train_split = "train"  # a split of the family; ALFWorld: train | valid_* | gen_seen | gen_unseen
     c.env.eval_splits = ("valid_seen", "valid_unseen")
     c.env.max_steps = 50
@@ -151,6 +154,9 @@ def get_config() -> ConfigDict:
     c.warmstart.steps = 0
     c.warmstart.lr = 1e-3
     c.warmstart.batch_rows = 32
+    c.warmstart.checkpoint_every = (
+        250  # steps between warm-start checkpoints (0 = none); a kill resumes there
+    )
     c.warmstart.n_games = 0  # games the expert plays (0 = the whole RL pool)
     c.warmstart.own_games = False  # generated splits: the warm start plays games RL never trains on
     c.warmstart.explore = 0.0  # share of expert steps played off-plan (DAgger-style recovery states)

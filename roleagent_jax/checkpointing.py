@@ -60,6 +60,9 @@ def saved_steps(directory: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
+WARMSTART_CHECKPOINTS = "warmstart_checkpoints"  # the warm start's own steps, under the workdir
+
+
 def claim_workdir(workdir: str | Path, resume: bool, overwrite: bool) -> Path | None:
     """Make sure a run that does not resume destroys no earlier run in ``workdir``.
 
@@ -67,12 +70,16 @@ def claim_workdir(workdir: str | Path, resume: bool, overwrite: bool) -> Path | 
     moved aside to a timestamped sibling (returned) and the new run starts in an empty one.
     """
     workdir = Path(workdir).absolute()
-    steps = saved_steps(workdir / "checkpoints")
+    folder = workdir / "checkpoints"
+    steps = saved_steps(folder)
+    if not steps:  # a run killed during its warm start has only the warm start's checkpoints
+        folder = workdir / WARMSTART_CHECKPOINTS
+        steps = saved_steps(folder)
     if resume or not steps:
         return None
     if not overwrite:
         raise CheckpointError(
-            f"{workdir / 'checkpoints'} holds checkpoints (steps {', '.join(map(str, steps))}) and "
+            f"{folder} holds checkpoints (steps {', '.join(map(str, steps))}) and "
             "--config.checkpoint.resume=False: choose a new --config.workdir to start fresh, or add "
             "--config.checkpoint.overwrite=True to move the earlier run aside"
         )

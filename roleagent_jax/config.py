@@ -23,6 +23,7 @@ CHOICES = {
     "aiw.analyser": ("llm", "heuristic"),
     "aiw.retrieval": ("fuzzy", "llm"),
     "aiw.aggregate": ("max", "sum"),
+    "env.on_corrupt": ("fail", "skip"),
 }
 # (key, low, high, low_inclusive): numeric ranges.
 RANGES = (
@@ -83,6 +84,7 @@ RANGES = (
     ("warmstart.steps", 0, None, True),
     ("warmstart.lr", 0.0, None, False),
     ("warmstart.batch_rows", 1, None, True),
+    ("warmstart.checkpoint_every", 0, None, True),
     ("warmstart.n_games", 0, None, True),
     ("warmstart.explore", 0.0, 0.9, True),
     ("warmstart.predictor_fraction", 0.0, 1.0, True),
@@ -109,6 +111,22 @@ def expand_paths(config: ConfigDict) -> ConfigDict:
     return config
 
 
+def _split_errors(config: ConfigDict, family) -> list[str]:
+    """Split names the family does not know, named with the ones it does (before the warm start)."""
+    known = family.known_splits()
+    if known is None:
+        return []
+    errors = []
+    hint = f"{family.name} knows {', '.join(known)}"
+    if config.env.train_split not in known:
+        errors.append(f"--config.env.train_split={config.env.train_split!r}: {hint}")
+    splits = config.env.eval_splits
+    for split in (splits,) if isinstance(splits, str) else splits:
+        if split not in known:
+            errors.append(f"--config.env.eval_splits: unknown split {split!r}; {hint}")
+    return errors
+
+
 def startup_errors(config: ConfigDict) -> list[str]:
     """Checks across keys, of the model's shape and of the model directory's files (headers only), so
     a run fails before any game is played."""
@@ -122,6 +140,7 @@ def startup_errors(config: ConfigDict) -> list[str]:
             family.check_options(family.resolve_options(node.to_dict() if node is not None else {}))
         except (ValueError, TypeError) as err:
             errors.append(f"--config.env.{family.name}: {err}")
+        errors += _split_errors(config, family)
     if config.checkpoint.overwrite and config.checkpoint.resume:
         errors.append(
             "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "
@@ -141,6 +160,15 @@ def startup_errors(config: ConfigDict) -> list[str]:
             check_pretrained(config.model.path)
         except (ValueError, FileNotFoundError) as err:
             errors.append(f"--config.model.path={config.model.path!r}: {err}")
+    tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
+    tokenizer_dir = config.tokenizer.path or config.model.path
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        from roleagent_jax.tokenizer import check_tokenizer_dir
+
+        try:
+            check_tokenizer_dir(tokenizer_dir)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.{tokenizer_key}={tokenizer_dir!r}: {err}")
     if not config.model.path:
         from roleagent_jax.models import Qwen2Config
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
-from roleagent_jax.envs.base import Family, Observation, Task
+from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
 from roleagent_jax.types import Step, Trajectory
 
 
@@ -116,6 +116,7 @@ def play(
             group_id=int(group_ids[i]),
             traj_id=slot_offset + i,
             env_failed=obs.failed,
+            env_error=str(obs.info.get("error", "")) if obs.failed else "",
         )
         for i, obs in enumerate(resets)
     ]
@@ -167,6 +168,8 @@ def play(
             if after_step is not None:
                 after_step(tr, trajs[i], step, sent)
             history[i].append((tr.observation.text, sent))
+            if out.failed and not trajs[i].env_failed:
+                trajs[i].env_error = str(out.info.get("error", ""))
             trajs[i].env_failed = trajs[i].env_failed or out.failed
             trajs[i].won = trajs[i].won or out.won
             if out.score is not None:
@@ -189,3 +192,13 @@ def success_summary(trajs: Sequence[Trajectory], task_types: Sequence[str]) -> d
     out = {t: sum(by_type[t]) / len(by_type[t]) for t in order}
     out["all"] = sum(tr.won for tr in trajs) / len(trajs) if trajs else 0.0
     return out
+
+
+def failed_games(trajs: Sequence[Trajectory], pool: TaskPool) -> list[dict[str, str]]:
+    """The episodes whose environment failed, by task name and reason (they count as losses, so a
+    reader must be able to tell a broken game from a lost one)."""
+    return [
+        {"task": str(pool[t.task_id].id), "reason": t.env_error or "environment failed"}
+        for t in trajs
+        if t.env_failed
+    ]

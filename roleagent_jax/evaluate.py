@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
 from roleagent_jax.envs.pool import EnvPool
-from roleagent_jax.episodes import Move, Turn, play, success_summary
+from roleagent_jax.episodes import Move, Turn, failed_games, play, success_summary
 from roleagent_jax.types import Trajectory
 
 Policy = Callable[[list[Turn]], list[str]]
@@ -91,11 +91,16 @@ def run_episodes(
 
 
 def summarize(
-    split: str, trajs: Sequence[Trajectory], task_types: Sequence[str], score_name: str = "score"
+    split: str,
+    trajs: Sequence[Trajectory],
+    task_types: Sequence[str],
+    score_name: str = "score",
+    pool: TaskPool | None = None,
 ) -> dict:
     """Success overall and per task type (in the family's order), plus a few diagnostics. Families that
     score episodes (`Observation.score`) also get the mean score under `score_name`, overall and per type
-    (`per_type_<score_name>`); an episode that ended without a score counts 0."""
+    (`per_type_<score_name>`); an episode that ended without a score counts 0. With the pool, the games
+    whose environment failed, by name and reason."""
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -108,6 +113,7 @@ def summarize(
         "per_type": per_type,
         "count_per_type": {k: sum(t.task_type == k for t in trajs) for k in per_type},
         "env_failed": sum(t.env_failed for t in trajs),
+        "failed_games": failed_games(trajs, pool) if pool is not None else [],
         "invalid_rate": invalid / max(steps, 1),
         "mean_steps": steps / max(n, 1),
     }
@@ -143,7 +149,7 @@ def evaluate(
             if log:
                 won = sum(t.won for t in trajs)
                 log(f"[{len(trajs)}/{len(ids)}] won {won} ({time.perf_counter() - start:.0f}s)")
-    return summarize(split, trajs, family.task_types, family.score_name)
+    return summarize(split, trajs, family.task_types, family.score_name, task_pool)
 
 
 def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float, family: Family) -> Policy:
@@ -178,6 +184,10 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m roleagent_jax.evaluate",
         description="Play every task of a split once and print success per task type (last line: JSON).",
+        epilog="Common use: --split and --data (real data) or --gen-n (generated games), --policy or "
+        "--checkpoint, --limit, --num-workers. "
+        "Documentation: README.md (quick start, real runs), configs/base.py (the trainer's keys), "
+        "docs/ (experiments.md, scaling.md, adding-an-environment.md).",
     )
     p.add_argument("--env", default=DEFAULT_ENV, help=f"environment family ({', '.join(registered())})")
     p.add_argument("--policy", default="expert", choices=("expert", "random"), help="built-in policy")
@@ -196,6 +206,12 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--data", default=None, help="the family's data folder or file (ALFWorld default: $ALFWORLD_DATA)"
+    )
+    p.add_argument(
+        "--on-corrupt",
+        default="fail",
+        choices=("fail", "skip"),
+        help="a real split's unreadable task file: stop naming it, or leave it out with a warning",
     )
     p.add_argument("--num-workers", type=int, default=2, help="environment worker processes")
     p.add_argument("--limit", type=int, default=0, help="play only the first N tasks (0 = all)")
@@ -222,6 +238,22 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
     return p
 
 
+# (flag, smallest allowed value): counts that must be positive, or non-negative where 0 means "all".
+CLI_MINIMA = (("max_steps", 1), ("batch_size", 1), ("num_workers", 1), ("limit", 0), ("gen_n", 1))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise ValueError naming the first flag whose value is out of range."""
+    for name, low in CLI_MINIMA:
+        value = getattr(args, name)
+        if value < low:
+            raise ValueError(f"--{name.replace('_', '-')}={value}: must be >= {low}")
+    if args.step_timeout <= 0:
+        raise ValueError(f"--step-timeout={args.step_timeout}: must be > 0")
+    if args.checkpoint is None and args.temperature < 0:
+        raise ValueError(f"--temperature={args.temperature}: must be >= 0")
+
+
 def main(argv: list[str] | None = None) -> dict:
     env_name = build_parser().parse_known_args(argv)[0].env
     try:
@@ -232,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser(family).parse_args(argv)
     options = {k: v for k in family.gen_options if (v := getattr(args, f"option_{k}")) is not None}
     try:
+        check_args(args)
         policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature, family)
         pool = family.task_pool(
             args.split,
@@ -240,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
             n=args.gen_n,
             seed=args.gen_seed,
             options=options,
+            **({} if args.split in family.generated_splits else {"on_corrupt": args.on_corrupt}),
         )
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -265,6 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{t:34s} {v:6.1%}{extra}  ({summary['count_per_type'][t]} tasks)")
         extra = f"  {name} {summary[name]:6.1%}" if scores else ""
         print(f"{'all':34s} {summary['success']:6.1%}{extra}  ({summary['n']} tasks)")
+        for game in summary["failed_games"]:
+            print(f"environment failed (counted as a loss): {game['task']}: {game['reason']}")
     print(json.dumps(summary), flush=True)
     return summary
 

@@ -10,6 +10,20 @@ A run resumes from its last checkpoint in --config.workdir when one exists.
 A mistake on the command line or in the files it names (an unknown key, a value out of range, a missing
 or corrupt model directory or checkpoint) ends with one line naming it and exit code 2; --debug shows
 the full traceback instead.
+
+Common settings (--config.<key>=<value>):
+  workdir                            checkpoints, logs/metrics.jsonl and report/report.md go here
+  algo                               grpo | gigpo | roleagent (GiGPO + WIA + AIW)
+  iterations                         RL iterations after the warm start
+  model.path, tokenizer.path         a Hugging Face checkpoint folder (empty: a small random model)
+  env.name, env.data_dir             the scenario family and its data folder
+  env.train_split, env.eval_splits   where training and evaluation games come from
+  rollout.tasks_per_iter, rollout.group_size   tasks per iteration and rollouts per task
+  checkpoint.resume, checkpoint.overwrite      continue a run, or move an earlier one aside
+  log.progress                       progress bars (False: plain lines, for log files)
+
+Documentation: README.md (quick start, configuration, real runs), configs/base.py (every key with its
+meaning and default), docs/ (experiments.md, scaling.md, adding-an-environment.md).
 """
 
 from __future__ import annotations
@@ -48,7 +62,9 @@ def _last_line(err: BaseException) -> str:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with each failure (a bad value, an unknown key, a config file that does not
-    load) reported as one line naming it."""
+    load) reported as one line naming it; --help prints the usage and exits 0."""
+    if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
+        app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     try:
         return flags.FLAGS(argv)
     except Exception as err:

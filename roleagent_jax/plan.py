@@ -12,6 +12,12 @@ prompts' first N tokens) it is the sampler's shared-prefix layout, chosen by the
 (``sampling.prefix.plan_layout``): one prefix cache per group plus each row's own slots. Activations
 are an estimate (formula in ``activation_bytes`` and docs/scaling.md). The last line printed is a JSON
 object with every number.
+
+Flags: --config (a trainer config; --config.<key>=<value> overrides), --mesh, --model, --chip or
+--hbm-gb, --micro-batch-rows, --remat, --param-dtype, --shared-prefix-tokens, --xla.
+
+Documentation: README.md (quick start, configuration, real runs), configs/base.py (every key with its
+meaning and default), docs/ (experiments.md, scaling.md, adding-an-environment.md).
 """
 
 from __future__ import annotations
@@ -790,6 +796,9 @@ def main(argv: list[str]) -> int:
         "Prompt tokens the rows of a task group share (e.g. max_prompt_tokens - 1 for a group's "
         "identical first prompts): plan the sampler's shared-prefix layout. 0: every row its own.",
     )
+    if any(a in ("-h", "--help", "--helpshort") for a in sys.argv[1:]):
+        print(__doc__.strip() + "\n\nflags:\n" + flags.FLAGS.main_module_help())
+        return 0
     flags.FLAGS(_normalise(sys.argv))
     try:
         plan = plan_from_config(

@@ -11,6 +11,43 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a success rate p measured on n independent games: sqrt(p(1-p)/n)."""
+    return float(np.sqrt(p * (1 - p) / n)) if n > 0 else float("nan")
+
+
+def difference_se(p_before: float, n_before: int, p_after: float, n_after: int) -> float:
+    """Standard error of p_after - p_before, the two rates taken as independent measurements."""
+    return float(np.hypot(binomial_se(p_before, n_before), binomial_se(p_after, n_after)))
+
+
+def _cell(p: float | None, se: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{100 * p:.1f}" if se is None or np.isnan(se) else f"{100 * p:.1f} ± {100 * se:.1f}"
+
+
+def evaluation_rows(before: dict, after: dict, counts: dict) -> list[str]:
+    """Markdown rows: success before and after RL and their difference, each with its standard error
+    (binomial; a cell without a game count shows the rate alone)."""
+    rows = []
+    for split in sorted(set(before) | set(after)):
+        b, a, n = before.get(split, {}), after.get(split, {}), counts.get(split, {})
+        for t in [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]:
+            pb, pa, nt = b.get(t), a.get(t), n.get(t)
+            se_b = binomial_se(pb, nt) if pb is not None and nt else None
+            se_a = binomial_se(pa, nt) if pa is not None and nt else None
+            diff = "-"
+            if pb is not None and pa is not None:
+                se_d = difference_se(pb, nt, pa, nt) if nt else None
+                diff = _cell(pa - pb, se_d)
+                diff = diff if diff.startswith("-") else "+" + diff
+            rows.append(
+                f"| {split} | {t} | {nt if nt else '-'} | {_cell(pb, se_b)} | {_cell(pa, se_a)} | {diff} |"
+            )
+    return rows
+
+
 def _series(history: list[dict], prefix: str) -> dict[str, tuple[list[int], list[float]]]:
     out: dict[str, tuple[list[int], list[float]]] = {}
     for row in history:
@@ -115,17 +152,14 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     ev = host.get("eval", {})
     if ev:
         lines += [
-            "## Evaluation (success %)",
+            "## Evaluation (success %, ± one standard error)",
             "",
-            "| split | task type | before RL | after RL |",
-            "|---|---|---|---|",
+            "Standard errors are binomial, sqrt(p(1-p)/n) on n games; the difference's combines both.",
+            "",
+            "| split | task type | games | before RL | after RL | after - before |",
+            "|---|---|---|---|---|---|",
         ]
-        for split in sorted(set(ev.get("before", {})) | set(ev.get("after", {}))):
-            b, a = ev.get("before", {}).get(split, {}), ev.get("after", {}).get(split, {})
-            for t in [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]:
-                bv = f"{100 * b[t]:.1f}" if t in b else "-"
-                av = f"{100 * a[t]:.1f}" if t in a else "-"
-                lines.append(f"| {split} | {t} | {bv} | {av} |")
+        lines += evaluation_rows(ev.get("before", {}), ev.get("after", {}), host.get("eval_counts", {}))
         lines.append("")
     if host.get("sft_losses"):
         losses = host["sft_losses"]

@@ -6,6 +6,7 @@ ALFWorld prompt; real runs use the checkpoint's own tokenizer (Qwen2.5's tokeniz
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,8 +24,26 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
-def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """Load a local tokenizer (tokenizer.json or sentencepiece); never downloads, never runs remote code."""
+# The JSON files transformers reads from a tokenizer directory (each optional).
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def check_tokenizer_dir(path: str | os.PathLike) -> None:
+    """Raise FileNotFoundError / ValueError naming the file when a tokenizer directory is missing, holds
+    no tokenizer, or has a file that is not valid JSON or not a valid tokenizer.json; cheap enough to
+    run at start-up."""
+    from tokenizers import Tokenizer
+
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {path}")
@@ -33,7 +52,28 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
         raise FileNotFoundError(
             f"no tokenizer in {path}: expected tokenizer.json, tokenizer.model (sentencepiece) or vocab.json"
         )
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    for name in TOKENIZER_JSON_FILES:
+        if name in files:
+            try:
+                json.loads((path / name).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as err:
+                raise ValueError(f"{path / name}: not valid JSON ({_one_line(err)})") from err
+    if "tokenizer.json" in files:
+        try:
+            Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as err:  # the Rust library raises its own exception type
+            raise ValueError(f"{path / 'tokenizer.json'}: not a valid tokenizer ({_one_line(err)})") from err
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """Load a local tokenizer (tokenizer.json or sentencepiece); never downloads, never runs remote code.
+    A broken directory raises naming the file (see `check_tokenizer_dir`)."""
+    path = Path(path)
+    check_tokenizer_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"tokenizer in {path} could not be loaded: {_one_line(err)}") from err
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

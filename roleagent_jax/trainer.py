@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
 from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
-from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
+from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, validate
 from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
-from roleagent_jax.episodes import success_summary
+from roleagent_jax.episodes import failed_games, success_summary
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.policy import write_prompt_settings
@@ -55,6 +55,21 @@ def family_options(config: ConfigDict, family: Family) -> dict:
     return dict(node.to_dict()) if node is not None else {}
 
 
+def _print_failed(where: str, trajs, pool) -> None:
+    """Name each game whose environment failed (it counts as a loss) and why."""
+    for game in failed_games(trajs, pool):
+        print(
+            f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
+        )
+
+
+def say(config: ConfigDict, text: str) -> None:
+    """One progress line for a phase that shows no bar (game generation, expert play, tokenizer,
+    evaluation), on process 0 and only with log.progress; written above any running bar."""
+    if config.log.progress and distributed.is_main_process():
+        tqdm.write(text)
+
+
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
     """Real data splits come from the family's data folder; its generated splits go into the workdir.
     Both get the family's own settings (search QA's retriever serves its real data sets too).
@@ -63,7 +78,10 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
     """
     if split not in family.generated_splits:
         return family.task_pool(
-            split, data_dir=config.env.data_dir or None, options=family_options(config, family)
+            split,
+            data_dir=config.env.data_dir or None,
+            options=family_options(config, family),
+            on_corrupt=config.env.on_corrupt,
         )
     g = config.env.gen
     # Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
@@ -74,6 +92,7 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
         "warmstart": (config.warmstart.n_games, 2000),
     }[purpose]
     seed = g.seed + offset
+    say(config, f"games: {n} {split} games for {purpose} (made once, then reused)")
 
     def generate() -> TaskPool:
         return family.task_pool(
@@ -253,6 +272,7 @@ class Trainer:
         if not hasattr(self, "_experts"):
             pool = self._warmstart_pool()
             ids = list(range(len(pool)))
+            say(self.config, f"expert: playing {len(ids)} games for the warm start's examples")
             # The expert plays to the end even when RL episodes are cut shorter.
             with self._env_pool(pool, EXPERT_MAX_STEPS) as envs:
                 self._experts = expert_episodes(
@@ -277,6 +297,10 @@ class Trainer:
         texts = []
         for e in self._examples():
             texts += [e.prompt, e.target]
+        say(
+            self.config,
+            f"tokenizer: fitting a {self.config.tokenizer.train_vocab_size}-token BPE to {len(texts)} texts",
+        )
         if self.is_main:
             train_bpe_tokenizer(texts, self.config.tokenizer.train_vocab_size, self.workdir / "tokenizer")
         distributed.sync("tokenizer")
@@ -346,11 +370,18 @@ class Trainer:
         pool = self.train_pool if split == c.env.train_split and not generated else None
         pool = pool or make_task_pool(c, self.family, split, self.workdir, "eval")
         ids = list(range(len(pool)))[: limit or None]
+        say(c, f"evaluation: playing {len(ids)} {split} games")
         with self._env_pool(pool) as envs:
             sampling = SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy)
             gen = self.generate_fn(params, sampling, jax.random.PRNGKey(c.seed + 17))
             settings = dataclasses.replace(self.settings, wia_mode="off")
             result = self._collect(gen, envs, ids, ids, settings, 0)
+        _print_failed(f"evaluation on {split}", result.trajectories, pool)
+        counts = self.host.setdefault("eval_counts", {})  # games per task type: the report's standard errors
+        counts[split] = {
+            k: sum(t.task_type == k for t in result.trajectories) for k in self.family.task_types
+        }
+        counts[split]["all"] = len(result.trajectories)
         return success_summary(result.trajectories, self.family.task_types)
 
     def _collect(self, generate, envs, task_ids: list[int], group_ids: list[int], settings, it: int):
@@ -384,6 +415,8 @@ class Trainer:
         if self.host["warm_started"] or c.warmstart.steps == 0:
             return
         examples = self._examples()
+        every = c.warmstart.checkpoint_every
+        ckpt = Checkpointer(self.workdir / WARMSTART_CHECKPOINTS, keep=2) if every else None
         params, losses = run_sft(
             self.graphdef,
             self.state.params,
@@ -396,7 +429,11 @@ class Trainer:
             lr=c.warmstart.lr,
             seed=c.seed,
             progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
+            checkpoint=ckpt,
+            checkpoint_every=every,
         )
+        if ckpt is not None:
+            ckpt.close()
         self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
         if self.ref_params is not None:
             self.ref_params = params
@@ -428,6 +465,7 @@ class Trainer:
             it,
         )
         t_rollout = time.perf_counter() - t0
+        _print_failed(f"iteration {it}", result.trajectories, self.train_pool)
         metrics: dict[str, float] = {}
         rows = result.rows
         multiplier = None

@@ -35,6 +35,7 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     won: bool = False
     env_failed: bool = False  # the environment worker crashed or timed out: episode counted as failed
+    env_error: str = ""  # why the environment failed (the worker's exception or timeout), when it did
     group_id: int = -1  # task group (one task x G rollouts) inside an iteration
     traj_id: int = -1  # unique within an iteration
     score: float | None = None  # the family's graded outcome of the last step, where it has one

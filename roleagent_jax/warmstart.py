@@ -187,8 +187,14 @@ def run_sft(
     lr: float,
     seed: int,
     progress: Callable | None = None,
+    checkpoint=None,
+    checkpoint_every: int = 0,
 ):
-    """Adam on the examples for `steps` steps; returns (params, per-step losses)."""
+    """Adam on the examples for `steps` steps; returns (params, per-step losses).
+
+    With a `checkpoint` (a `checkpointing.Checkpointer`), the parameters, optimizer state and losses are
+    saved every `checkpoint_every` steps, and a run that finds a saved step continues from it: the batch
+    order is re-derived from `seed`, so the result equals that of an uninterrupted run."""
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
     optimizer = optax.chain(
@@ -200,8 +206,15 @@ def run_sft(
     targets = [encode_target(e.target) for e in examples]
     rng = np.random.default_rng(seed)
     batches = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
-    losses = []
-    iterator = range(steps) if progress is None else progress(range(steps))
+    losses: list[float] = []
+    restored = checkpoint.restore({"params": params, "opt_state": opt_state}) if checkpoint else None
+    if restored is not None:
+        state, host = restored
+        params, opt_state, losses = state["params"], state["opt_state"], [float(x) for x in host["losses"]]
+        for _ in losses:  # the batches the saved steps consumed
+            next(batches)
+    todo = range(len(losses), steps)
+    iterator = todo if progress is None else progress(todo)
     for _ in iterator:
         idx = next(batches)
         packed = pack_rows(
@@ -212,4 +225,6 @@ def run_sft(
         losses.append(float(loss))
         if hasattr(iterator, "set_postfix"):
             iterator.set_postfix(loss=f"{losses[-1]:.3f}")
+        if checkpoint is not None and checkpoint_every and len(losses) % checkpoint_every == 0:
+            checkpoint.save(len(losses), {"params": params, "opt_state": opt_state}, {"losses": list(losses)})
     return params, losses

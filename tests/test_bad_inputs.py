@@ -308,14 +308,14 @@ def test_the_random_models_shape_is_checked_at_startup():
         validate(c)
 
 
-def test_tilde_is_expanded_in_paths(model_dir, tmp_path, monkeypatch):
+def test_tilde_is_expanded_in_paths(model_dir, tokenizer_dir, tmp_path, monkeypatch):
     import shutil
 
     from roleagent_jax.config import PATH_KEYS, validate
 
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copytree(model_dir, tmp_path / "model")
-    (tmp_path / "tok").mkdir()
+    shutil.copytree(tokenizer_dir, tmp_path / "tok")
     c = base_config()
     c.workdir, c.model.path, c.tokenizer.path = "~/run", "~/model", "~/tok"
     c.env.data_dir, c.env.gen.dir = "~/data", "~/games"
@@ -516,5 +516,271 @@ def test_a_corrupt_model_directory_fails_at_startup(model_dir, tmp_path):
     c.model.path = str(path)
     with pytest.raises(
         ValueError, match=rf"--config.model.path='{path}': {path / 'model.safetensors'}: empty file"
+    ):
+        validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# split names, the evaluate CLI, data files
+
+
+@pytest.mark.parametrize("key", ["env.train_split", "env.eval_splits"])
+def test_unknown_split_names_fail_at_startup_with_the_known_ones(key):
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    if key == "env.train_split":
+        c.env.train_split = "bogus"
+    else:
+        c.env.eval_splits = ("valid_seen", "bogus")
+    with pytest.raises(ValueError) as err:
+        validate(c)
+    assert f"--config.{key}" in str(err.value) and "'bogus'" in str(err.value)
+    assert "valid_unseen" in str(err.value) and "gen_seen" in str(err.value)
+
+
+def test_a_family_without_listed_splits_accepts_any_name():
+    from roleagent_jax.envs.base import Family, get_family
+
+    assert Family().known_splits() is None
+    assert "gen_seen" in get_family("alfworld").known_splits()
+
+
+def test_cli_bogus_eval_split_is_one_line_before_any_work():
+    out = run_main("--config=configs/demo.py", "--config.env.eval_splits=bogus", timeout=120)
+    assert_one_line_error(out, "--config.env.eval_splits", "bogus", "gen_unseen")
+
+
+def fake_split(root: Path, corrupt: bool = True) -> Path:
+    """A real-layout ALFWorld split of two games, the second one's file truncated mid-JSON."""
+    split = root / "json_2.1.1" / "valid_seen"
+    grammar = 'Your task is to: put a mug in cabinet."'
+    for i, name in enumerate(
+        ("pick_and_place_simple-Mug-None-Cabinet-1", "pick_and_place_simple-Cup-None-Shelf-2")
+    ):
+        game = split / name / "trial_1" / "game.tw-pddl"
+        game.parent.mkdir(parents=True)
+        text = json.dumps({"solvable": True, "grammar": grammar, "pddl_problem": "x"})
+        game.write_text(text[:20] if corrupt and i == 1 else text)
+    return split
+
+
+def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
+    from roleagent_jax.envs.base import get_family
+
+    split = fake_split(tmp_path)
+    bad = split / "pick_and_place_simple-Cup-None-Shelf-2" / "trial_1" / "game.tw-pddl"
+    with pytest.raises(ValueError, match="corrupt game file " + str(bad).replace("/", "/")):
+        get_family("alfworld").task_pool("valid_seen", data_dir=tmp_path)
+
+
+def test_a_corrupt_game_file_is_skipped_with_a_warning_when_asked(tmp_path):
+    from roleagent_jax.envs.base import get_family
+
+    fake_split(tmp_path)
+    with pytest.warns(UserWarning, match="Shelf-2/trial_1/game.tw-pddl"):
+        pool = get_family("alfworld").task_pool("valid_seen", data_dir=tmp_path, on_corrupt="skip")
+    assert [Path(t.id).parent.parent.name for t in pool.tasks] == ["pick_and_place_simple-Mug-None-Cabinet-1"]
+
+
+def test_evaluate_cli_names_a_corrupt_game_file_and_skips_it_on_request(tmp_path):
+    fake_split(tmp_path)
+    out = run_evaluate("--split=valid_seen", f"--data={tmp_path}", timeout=120)
+    assert_one_line_error(out, "corrupt game file", "Shelf-2/trial_1/game.tw-pddl")
+    from roleagent_jax.evaluate import build_parser
+
+    assert build_parser().parse_args(["--on-corrupt=skip"]).on_corrupt == "skip"
+
+
+def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "roleagent_jax.evaluate", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=0", "--num-workers=0"])
+def test_evaluate_cli_arguments_are_checked(flag):
+    out = run_evaluate("--policy=random", "--split=gen_seen", "--gen-n=1", flag)
+    assert_one_line_error(out, flag)
+
+
+class FailingEnvs:
+    """An env pool whose second game's environment crashes at reset (as a dead worker reports it)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def reset(self, task_ids, expert=False):
+        from roleagent_jax.envs.base import Observation
+
+        return [
+            Observation(
+                text="", anchor="", admissible=[], done=True, failed=True, info={"error": "OSError: boom"}
+            )
+            if t == 1
+            else Observation(text="You are in a room.", anchor="room", admissible=["look"])
+            for t in task_ids
+        ]
+
+    def step(self, actions):
+        from roleagent_jax.envs.base import Observation
+
+        return {
+            i: Observation(text="done", anchor="done", admissible=[], done=True, won=True) for i in actions
+        }
+
+
+def test_failed_games_are_listed_by_name_and_reason():
+    from roleagent_jax.envs.base import Task, TaskPool, get_family
+    from roleagent_jax.evaluate import RandomPolicy, run_episodes, summarize
+
+    family = get_family("alfworld")
+    pool = TaskPool([Task(f"game{i}", family.task_types[0], "goal", None) for i in range(3)])
+    trajs = run_episodes(RandomPolicy(family), family, FailingEnvs(pool), [0, 1, 2], max_steps=3)
+    summary = summarize("s", trajs, family.task_types, pool)
+    assert summary["env_failed"] == 1
+    assert summary["failed_games"] == [{"task": "game1", "reason": "OSError: boom"}]
+    assert summary["success"] == pytest.approx(2 / 3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# tokenizer directories
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from roleagent_jax.tokenizer import train_bpe_tokenizer
+
+    path = tmp_path_factory.mktemp("tok")
+    train_bpe_tokenizer(["go to the fridge", "take the apple from the table"] * 20, 300, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("tokenizer.json", '{"version": "1.0", "model": ', "not valid JSON"),
+        ("tokenizer.json", '{"version": "1.0", "model": {"type": "Nope"}}', "not a valid tokenizer"),
+        ("tokenizer_config.json", "\x00\x01garbage", "not valid JSON"),
+    ],
+)
+def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, name, content, needle):
+    import shutil
+
+    from roleagent_jax.config import validate
+    from roleagent_jax.tokenizer import load_tokenizer
+
+    path = Path(shutil.copytree(tokenizer_dir, tmp_path / "t"))
+    load_tokenizer(path)  # intact: loads
+    (path / name).write_text(content)
+    with pytest.raises(ValueError, match=needle) as err:
+        load_tokenizer(path)
+    assert str(path / name) in str(err.value) and "\n" not in str(err.value)
+    c = base_config()
+    c.tokenizer.path = str(path)
+    with pytest.raises(ValueError, match=f"--config.tokenizer.path=.*{name}.*{needle}"):
+        validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# help
+
+
+@pytest.mark.parametrize(
+    "module,flags",
+    [
+        ("roleagent_jax.main", ("--config", "workdir", "model.path", "env.eval_splits", "log.progress")),
+        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint")),
+        ("roleagent_jax.plan", ("--config", "--mesh", "--model", "--micro-batch-rows")),
+    ],
+)
+def test_help_names_the_common_flags_and_points_to_the_docs(module, flags):
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    for needle in (*flags, "README.md", "configs/base.py", "docs/"):
+        assert needle in text, (module, needle)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the warm start: checkpoints every N steps, a kill resumes to the same result
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after(n: int):
+    def progress(steps):
+        for i, s in enumerate(steps):
+            if i == n:
+                raise Killed
+            yield s
+
+    return progress
+
+
+def test_a_killed_warm_start_resumes_to_the_same_parameters(tmp_path):
+    from flax import nnx
+
+    from roleagent_jax.checkpointing import Checkpointer
+    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from roleagent_jax.warmstart import Example, run_sft
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(12)]
+
+    def encode(text: str) -> list[int]:
+        return [1 + (ord(ch) % 60) for ch in text]
+
+    def sft(checkpoint=None, progress=None):
+        return run_sft(
+            graphdef, params, examples, encode, encode, 0, steps=7, batch_rows=4, lr=1e-2, seed=3,
+            progress=progress, checkpoint=checkpoint, checkpoint_every=2,
+        )  # fmt: skip
+
+    whole, whole_losses = sft()
+    first = Checkpointer(tmp_path / "ws", keep=2)
+    with pytest.raises(Killed):
+        sft(first, kill_after(5))  # steps 1-5 ran; 2 and 4 were saved
+    first.close()
+    assert sorted(int(p.name) for p in (tmp_path / "ws").iterdir() if p.name.isdigit()) == [2, 4]
+    second = Checkpointer(tmp_path / "ws", keep=2)
+    ran = []
+    resumed, losses = sft(second, lambda steps: (ran.append(s) or s for s in steps))
+    second.close()
+    assert ran == [4, 5, 6]  # only the steps after the last checkpoint
+    assert losses == pytest.approx(whole_losses, rel=0, abs=0)
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_fresh_start_refuses_to_run_over_a_killed_warm_start(tmp_path):
+    from roleagent_jax.checkpointing import CheckpointError, claim_workdir
+
+    write_steps(tmp_path / "warmstart_checkpoints", steps=(2,))
+    with pytest.raises(CheckpointError, match="warmstart_checkpoints holds checkpoints"):
+        claim_workdir(tmp_path, resume=False, overwrite=False)
+
+
+def test_webshop_split_names_are_checked_too():
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    c.env.name, c.env.train_split, c.env.eval_splits = "webshop", "gen_train", ("gen_test", "test")
+    validate(c)
+    c.env.eval_splits = ("valid_seen",)
+    with pytest.raises(
+        ValueError, match="--config.env.eval_splits: unknown split 'valid_seen'; webshop knows"
     ):
         validate(c)

@@ -96,6 +96,33 @@ def test_warmstart_plays_its_own_games_when_asked(tmp_path):
     assert sorted(own.expert_plans) == [0, 1]
 
 
+def test_each_setup_phase_and_evaluation_prints_a_progress_line(tmp_path, capsys):
+    """Game generation, expert play, the tokenizer and evaluations each say what they are doing, and
+    nothing when log.progress is off."""
+    from roleagent_jax.trainer import Trainer, say
+
+    c = tiny_config(tmp_path / "run", 0)
+    c.log.progress = True
+    c.env.gen.n_eval = 2
+    trainer = Trainer(c)
+    try:
+        trainer.evaluate("gen_unseen")
+    finally:
+        trainer.close()
+    out = capsys.readouterr().out
+    for line in (
+        "games: 4 gen_seen games for train",
+        "expert: playing 4 games",
+        "tokenizer: fitting a 400-token BPE",
+        "games: 2 gen_unseen games for eval",
+        "evaluation: playing 2 gen_unseen games",
+    ):
+        assert line in out, out
+    c.log.progress = False
+    say(c, "hidden")
+    assert "hidden" not in capsys.readouterr().out
+
+
 def test_two_plus_two_iterations_equal_four(tmp_path):
     full_state, full_host, full_sampler = run_trainer(tiny_config(tmp_path / "full", 4))
     run_trainer(tiny_config(tmp_path / "split", 2))

@@ -207,6 +207,10 @@ class Family:
     """Split names whose tasks the family generates itself (no download), e.g. ("gen_seen", "gen_unseen").
     The trainer gives each (split, purpose) its own folder, size and seed; other splits are real data."""
 
+    data_splits: ClassVar[tuple[str, ...] | None] = None
+    """Names of the family's real data splits, e.g. ("train", "valid_seen"), so a misspelt split fails at
+    start-up; see `known_splits`. None: the family does not list them and any name reaches `task_pool`."""
+
     gen_options: ClassVar[Mapping[str, Any]] = {}
     """The family's own generation settings with their defaults (ALFWorld: room sizes). The trainer passes
     `config.env.<name>` (when the config has that subtree) as `options` to `task_pool`."""
@@ -252,6 +256,7 @@ class Family:
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
         """The tasks of `split`, in a fixed order.
 
@@ -259,9 +264,19 @@ class Family:
         variable) and raise FileNotFoundError naming what is missing and how to get it. Generated splits
         (`generated_splits`) write or reuse `n` tasks made with `seed` and `options` (the family's
         `gen_options` keys; unknown keys raise ValueError) under `gen_dir`: the same arguments give the
-        same tasks. An unknown split raises ValueError listing the known ones.
+        same tasks. An unknown split raises ValueError listing the known ones. A real split's task file
+        that cannot be read raises ValueError naming it (`on_corrupt="fail"`) or is left out with a
+        warning naming it (`"skip"`).
         """
         raise NotImplementedError(f"family {self.name!r} does not implement task_pool")
+
+    def known_splits(self) -> tuple[str, ...] | None:
+        """Every split name `task_pool` accepts (data splits, then generated ones), checked against the
+        config before any work starts. Default: `data_splits` + `generated_splits`, or None (no check)
+        when the family leaves `data_splits` unset."""
+        if self.data_splits is None:
+            return None
+        return tuple(self.data_splits) + tuple(self.generated_splits)
 
     def resolve_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """`gen_options` updated with `options`; ValueError naming any key the family does not know."""

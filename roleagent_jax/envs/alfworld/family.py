@@ -25,6 +25,7 @@ class AlfWorld(Family):
     action_stop = prompts.ACTION_STOP
     empty_action = "look"
     has_expert = True
+    data_splits = games.DATA_SPLITS
     generated_splits = tuple(games.GEN_POOLS)
     gen_options = {"num_receptacles": (4, 6), "num_objects": (2, 4)}  # procgen.GenSize defaults
     predictor_framing = PredictorFraming(
@@ -60,6 +61,7 @@ class AlfWorld(Family):
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
         """gen_seen / gen_unseen: n generated games under gen_dir (None: $ROLEAGENT_GEN_DIR or the user
         cache); any other split (train, valid_seen, valid_unseen, valid_train): a folder of real ALFWorld data."""
@@ -70,7 +72,7 @@ class AlfWorld(Family):
             from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
 
             return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
-        return games.pool_from_split(data_dir or None, split)
+        return games.pool_from_split(data_dir or None, split, on_corrupt)
 
     def check_data(self, split: str, data_dir: str | Path | None = None) -> None:
         games.split_dir(data_dir or None, split)

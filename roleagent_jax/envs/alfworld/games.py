@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -24,6 +25,7 @@ TASK_TYPES = (
 WIN_REWARD = 10.0
 GOAL_PREFIX = "Your task is to: "
 GAME_FILE = "game.tw-pddl"
+DATA_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")  # alfworld-download's json_2.1.1
 GEN_POOLS = {"gen_seen": "seen", "gen_unseen": "unseen"}  # generated split -> combination pool
 
 
@@ -108,14 +110,32 @@ def read_json(path: str) -> dict:
     return JSON_CACHE.get_or_make(key, make)
 
 
-def list_games(folder: str | os.PathLike) -> list[str]:
-    """Sorted playable game files under a folder, filtered the way alfworld's own loader filters them."""
+ON_CORRUPT = ("fail", "skip")
+
+
+def list_games(folder: str | os.PathLike, on_corrupt: str = "fail") -> list[str]:
+    """Sorted playable game files under a folder, filtered the way alfworld's own loader filters them.
+
+    A game file that is not readable JSON raises ValueError naming it (`on_corrupt="fail"`), or is left
+    out with a warning naming it (`"skip"`): one bad download should not cost a whole split silently."""
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt={on_corrupt!r}: must be one of {', '.join(ON_CORRUPT)}")
     games = []
     for path in sorted(Path(folder).rglob(GAME_FILE)):
         text = str(path)
         if "movable" in text or "Sliced" in text:
             continue
-        if not read_json(text).get("solvable", False):
+        try:
+            data = read_json(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            message = f"corrupt game file {text}: {err}"
+            if on_corrupt == "fail":
+                raise ValueError(f"{message} (skip such files with on_corrupt=skip)") from err
+            warnings.warn(f"skipped {message}", stacklevel=2)
+            continue
+        if not data.get("solvable", False):
             continue
         games.append(text)
     return games
@@ -144,13 +164,13 @@ def pool_from_files(
     return TaskPool([game_task(f, plans.get(f)) for f in files], source)
 
 
-def pool_from_dir(folder: str | os.PathLike) -> TaskPool:
-    """Every playable game under `folder`."""
+def pool_from_dir(folder: str | os.PathLike, on_corrupt: str = "fail") -> TaskPool:
+    """Every playable game under `folder` (see `list_games` for `on_corrupt`)."""
     if not Path(folder).is_dir():
         raise FileNotFoundError(f"game folder not found: {folder}")
-    return pool_from_files(list_games(folder), source=str(folder))
+    return pool_from_files(list_games(folder, on_corrupt), source=str(folder))
 
 
-def pool_from_split(data_dir: str | os.PathLike | None, split: str) -> TaskPool:
+def pool_from_split(data_dir: str | os.PathLike | None, split: str, on_corrupt: str = "fail") -> TaskPool:
     """A real ALFWorld split, e.g. valid_seen, from `data_dir` (None: $ALFWORLD_DATA)."""
-    return pool_from_dir(split_dir(data_dir, split))
+    return pool_from_dir(split_dir(data_dir, split), on_corrupt)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,14 +196,22 @@ class SearchQA(Family):
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
+        """Generated splits, or real data sets joined by "+"; with ``on_corrupt="skip"`` a data set whose
+        file cannot be read is left out with a warning naming it."""
         opts = self.resolve_options(options)
         if split in GEN_SPLITS:
             return self._generated(split, n, seed, opts, gen_dir)
         spec = self._real_retriever(opts, split)
         tasks: list[QATask] = []
         for part in split.split("+"):
-            tasks += _load_part(part.strip(), data_dir)
+            try:
+                tasks += _load_part(part.strip(), data_dir)
+            except ValueError as err:
+                if on_corrupt != "skip":
+                    raise
+                warnings.warn(f"skipped {part.strip()!r}: {err}", stacklevel=2)
         return TaskPool([_task(t, spec, opts) for t in tasks], source=f"{split} from {data_dir}")
 
     def _generated(self, split: str, n: int, seed: int, opts: dict, gen_dir) -> TaskPool:

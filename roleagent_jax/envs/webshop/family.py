@@ -61,6 +61,7 @@ class WebShop(Family):
     action_stop = prompts.ACTION_STOP
     empty_action = "click[back to search]"
     has_expert = True
+    data_splits = REAL_SPLITS
     generated_splits = GEN_SPLITS
     gen_options = {"n_products": 1000}
     predictor_framing = prompts.PREDICTOR_FRAMING
@@ -83,6 +84,7 @@ class WebShop(Family):
         n: int = 0,
         seed: int = 0,
         options: Mapping[str, Any] | None = None,
+        on_corrupt: str = "fail",
     ) -> TaskPool:
         if split in GEN_SPLITS:
             opts = self.resolve_options(options)

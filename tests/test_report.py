@@ -1,0 +1,37 @@
+"""The run report's evaluation table: rates with binomial standard errors and the before/after change."""
+
+from __future__ import annotations
+
+import math
+
+from ml_collections import ConfigDict
+
+from roleagent_jax.report import binomial_se, difference_se, write_report
+
+
+def test_binomial_standard_error_matches_the_formula():
+    assert math.isclose(binomial_se(0.5, 100), 0.05)
+    assert math.isclose(binomial_se(0.2, 96), math.sqrt(0.2 * 0.8 / 96))
+    assert binomial_se(0.0, 10) == 0.0 and math.isnan(binomial_se(0.5, 0))
+    assert math.isclose(difference_se(0.5, 100, 0.6, 100), math.sqrt(0.25 / 100 + 0.24 / 100))
+
+
+def test_report_shows_each_rate_and_the_difference_with_its_standard_error(tmp_path):
+    host = {
+        "eval": {
+            "before": {"gen_seen": {"look_at_obj_in_light": 0.25, "all": 0.5}},
+            "after": {"gen_seen": {"look_at_obj_in_light": 0.5, "all": 0.6}},
+        },
+        "eval_counts": {"gen_seen": {"look_at_obj_in_light": 4, "all": 100}},
+    }
+    text = write_report(tmp_path, ConfigDict({"algo": "roleagent"}), [], host).read_text()
+    assert "| gen_seen | all | 100 | 50.0 ± 5.0 | 60.0 ± 4.9 | +10.0 ± 7.0 |" in text
+    se_b, se_a = math.sqrt(0.25 * 0.75 / 4), 0.25
+    expected = f"| 4 | 25.0 ± {100 * se_b:.1f} | 50.0 ± {100 * se_a:.1f} | +25.0 ± {100 * math.hypot(se_b, se_a):.1f} |"
+    assert expected in text
+
+
+def test_report_without_game_counts_shows_the_rates_alone(tmp_path):
+    host = {"eval": {"before": {"s": {"all": 0.5}}, "after": {"s": {"all": 0.25}}}}
+    text = write_report(tmp_path, ConfigDict({"algo": "grpo"}), [], host).read_text()
+    assert "| s | all | - | 50.0 | 25.0 | -25.0 |" in text
