@@ -641,7 +641,7 @@ def test_failed_games_are_listed_by_name_and_reason():
     family = get_family("alfworld")
     pool = TaskPool([Task(f"game{i}", family.task_types[0], "goal", None) for i in range(3)])
     trajs = run_episodes(RandomPolicy(family), family, FailingEnvs(pool), [0, 1, 2], max_steps=3)
-    summary = summarize("s", trajs, family.task_types, pool)
+    summary = summarize("s", trajs, family.task_types, pool=pool)
     assert summary["env_failed"] == 1
     assert summary["failed_games"] == [{"task": "game1", "reason": "OSError: boom"}]
     assert summary["success"] == pytest.approx(2 / 3)
