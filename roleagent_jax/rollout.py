@@ -8,7 +8,8 @@ leave the batch. The result is the list of trajectories plus one training row pe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,7 @@ from roleagent_jax.types import Step, Trajectory
 
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
 INLINE_STOP = "</predict_next>"
+PREDICTION_MARGIN = 8  # tokens a prediction may run past the longest observation seen so far
 
 
 def inline_instruction(action_stop: str) -> str:
@@ -82,16 +84,37 @@ class Tokenize:
         return ids
 
 
+def sharing_groups(group_ids: Sequence[int]) -> list[int | None]:
+    """Each slot's sampler sharing group: its task group when other slots play it too, else None (as in
+    evaluation, where every task is played once and rows keep the plain per-row layout)."""
+    counts = Counter(group_ids)
+    return [g if counts[g] > 1 else None for g in group_ids]
+
+
 class Predictor:
     """WIA's hook on the episode loop: after a chosen step, queue a predictor prompt for the action just
-    sent; the queue rides on the next sampler call and its answers become that step's predictions."""
+    sent; the queue rides on the next sampler call and its answers become that step's predictions.
 
-    def __init__(
-        self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int, iteration: int
-    ):
+    A prediction is an observation, so each request may generate the tokens of the longest observation
+    seen so far (in the prediction format, plus a margin) and never more than `wia_max_tokens`: a
+    predictor that rambles no longer keeps the step's sampler call decoding after the agent rows end.
+    """
+
+    def __init__(self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int,
+                 iteration: int, groups: Sequence[Hashable | None] = ()):  # fmt: skip
         self.family, self.encode, self.settings = family, encode, settings
-        self.seed, self.iteration = seed, iteration
-        self.pending: list[tuple[int, int, list[int]]] = []  # (traj id, step, prompt ids)
+        self.seed, self.iteration, self.groups = seed, iteration, groups
+        self.pending: list[tuple[int, int, SampleRequest]] = []  # (traj id, step, request)
+        tokenizer = encode.tokenizer
+        self._tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        self._frame = self._tokens(wia.format_predictions([""] * settings.wia_horizon))
+        self.longest = 0  # tokens of the longest observation seen so far
+
+    def max_new_tokens(self, observation: str) -> int:
+        """The request's token budget, after counting `observation` as seen."""
+        self.longest = max(self.longest, self._tokens(" ".join(observation.split())))
+        budget = self._frame + self.settings.wia_horizon * self.longest + PREDICTION_MARGIN
+        return min(self.settings.wia_max_tokens, budget)
 
     def after_step(self, turn: Turn, traj: Trajectory, sent: str) -> None:
         s = self.settings
@@ -99,13 +122,18 @@ class Predictor:
             return
         recent = turn.history[-s.history_k :] if s.history_k else []
         text = self.family.predictor_prompt(traj.goal, recent, turn.observation.text, sent, s.wia_horizon)
-        self.pending.append((traj.traj_id, turn.step, self.encode(text)))
+        group = self.groups[turn.slot] if self.groups else None
+        request = SampleRequest(
+            self.encode(text),
+            self.max_new_tokens(turn.observation.text),
+            stop=(wia.PREDICT_STOP,),
+            role="predictor",
+            group=group,
+        )
+        self.pending.append((traj.traj_id, turn.step, request))
 
     def requests(self) -> list[SampleRequest]:
-        return [
-            SampleRequest(ids, self.settings.wia_max_tokens, stop=(wia.PREDICT_STOP,), role="predictor")
-            for _, _, ids in self.pending
-        ]
+        return [request for _, _, request in self.pending]
 
     def receive(self, results: Sequence[SampleResult], predictions: dict) -> None:
         for (traj_id, step, _), res in zip(self.pending, results, strict=True):
@@ -118,9 +146,11 @@ class SamplerAgent:
     first, then the predictor's), and one training row per step played."""
 
     def __init__(self, call, family: Family, encode: Tokenize, settings: RolloutSettings,
-                 predictor: Predictor | None, predictions: dict, slot_offset: int = 0):  # fmt: skip
+                 predictor: Predictor | None, predictions: dict, slot_offset: int = 0,
+                 groups: Sequence[Hashable | None] = ()):  # fmt: skip
         self.call, self.family, self.encode, self.settings = call, family, encode, settings
         self.predictor, self.predictions, self.slot_offset = predictor, predictions, slot_offset
+        self.groups = groups  # per slot: the sampler's sharing group of its agent prompts
         self.inline = settings.wia_mode == "inline"
         self.stop = (INLINE_STOP,) if self.inline else (family.action_stop,)
         self.suffix = inline_instruction(family.action_stop) if self.inline else ""
@@ -132,7 +162,11 @@ class SamplerAgent:
         s = self.settings
         requests = [
             SampleRequest(
-                self.encode(tr.prompt + self.suffix), s.max_response_tokens, stop=self.stop, role="agent"
+                self.encode(tr.prompt + self.suffix),
+                s.max_response_tokens,
+                stop=self.stop,
+                role="agent",
+                group=self.groups[tr.slot] if self.groups else None,
             )
             for tr in turns
         ]
@@ -219,11 +253,14 @@ def collect(
     """
     encode = Tokenize(tokenizer, settings.max_prompt_tokens)
     predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(len(task_ids))}
+    groups = sharing_groups(group_ids)
     predictor = (
-        Predictor(family, encode, settings, seed, iteration) if settings.wia_mode == "separate" else None
+        Predictor(family, encode, settings, seed, iteration, groups)
+        if settings.wia_mode == "separate"
+        else None
     )
     timed = _Timed(global_call(generate, gather, rank))
-    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset)
+    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset, groups)
     played = play(
         family,
         envs,
