@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -95,16 +95,17 @@ class Predictor:
     """WIA's hook on the episode loop: after a chosen step, queue a predictor prompt for the action just
     sent; the queue rides on the next sampler call and its answers become that step's predictions.
 
-    A prediction is an observation, so each request may generate the tokens of the longest observation
-    seen so far (in the prediction format, plus a margin) and never more than `wia_max_tokens`: a
-    predictor that rambles no longer keeps the step's sampler call decoding after the agent rows end.
+    Predictor rows never lengthen a sampler call: they decode in the background of the agent rows and,
+    when those end first, continue in the next call (prompt plus the tokens so far, the rest of their
+    budget). A prediction is an observation, so that budget is the tokens of the longest observation
+    seen so far (in the prediction format, plus a margin), never more than `wia_max_tokens`.
     """
 
     def __init__(self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int,
                  iteration: int, groups: Sequence[Hashable | None] = ()):  # fmt: skip
         self.family, self.encode, self.settings = family, encode, settings
         self.seed, self.iteration, self.groups = seed, iteration, groups
-        self.pending: list[tuple[int, int, SampleRequest]] = []  # (traj id, step, request)
+        self.pending: list[tuple[int, int, SampleRequest, list[int]]] = []  # (traj, step, request, so far)
         tokenizer = encode.tokenizer
         self._tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
         self._frame = self._tokens(wia.format_predictions([""] * settings.wia_horizon))
@@ -129,16 +130,36 @@ class Predictor:
             stop=(wia.PREDICT_STOP,),
             role="predictor",
             group=group,
+            background=True,
         )
-        self.pending.append((traj.traj_id, turn.step, request))
+        self.pending.append((traj.traj_id, turn.step, request, []))
 
     def requests(self) -> list[SampleRequest]:
-        return [request for _, _, request in self.pending]
+        return [request for _, _, request, _ in self.pending]
 
     def receive(self, results: Sequence[SampleResult], predictions: dict) -> None:
-        for (traj_id, step, _), res in zip(self.pending, results, strict=True):
-            predictions[traj_id][step] = wia.parse_predictions(res.text, self.settings.wia_horizon)
-        self.pending = []
+        going = []
+        for (traj_id, step, request, so_far), res in zip(self.pending, results, strict=True):
+            if res.finish_reason == "paused":
+                more = replace(
+                    request,
+                    prompt_ids=request.prompt_ids + res.token_ids,
+                    max_new_tokens=request.max_new_tokens - len(res.token_ids),
+                )
+                going.append((traj_id, step, more, so_far + res.token_ids))
+                continue
+            text = res.text if not so_far else self._joined(so_far, res)
+            predictions[traj_id][step] = wia.parse_predictions(text, self.settings.wia_horizon)
+        self.pending = going
+
+    def _joined(self, so_far: list[int], res: SampleResult) -> str:
+        """The text of a prediction generated over several calls, cut like the sampler cuts one."""
+        ids = so_far + (res.token_ids[:-1] if res.finish_reason == "eos" else res.token_ids)
+        text = self.encode.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        end = text.find(wia.PREDICT_STOP)
+        return text if end < 0 else text[: end + len(wia.PREDICT_STOP)]
 
 
 class SamplerAgent:

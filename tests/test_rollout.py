@@ -5,7 +5,7 @@ import pytest
 
 from roleagent_jax import wia
 from roleagent_jax.envs import EnvPool, get_family
-from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
+from roleagent_jax.rollout import Predictor, RolloutSettings, Tokenize, collect, wia_multipliers
 from roleagent_jax.sampling import SampleRequest, SampleResult
 from roleagent_jax.tokenizer import train_bpe_tokenizer
 
@@ -147,6 +147,21 @@ def test_rollout_declares_task_groups_and_caps_predictions_by_observation_length
     first = result.trajectories[0].steps[0].observation
     framed = len(tok.encode(wia.format_predictions([" ".join(first.split())]), add_special_tokens=False))
     assert budgets[0] >= min(128, framed)  # room for a prediction as long as an observation seen
+
+
+def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
+    _, tok, _ = setup
+    predictor = Predictor(ALFWORLD, Tokenize(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
+    answer = tok.encode(wia.format_predictions(["You arrive at fridge 1."]), add_special_tokens=False)
+    first = SampleRequest([5, 6, 7], 40, stop=(wia.PREDICT_STOP,), role="predictor", background=True)
+    predictor.pending = [(3, 0, first, [])]
+    predictions = {3: {}}
+    predictor.receive([SampleResult(answer[:4], [-0.1] * 4, "", "paused", "predictor")], predictions)
+    (more,) = predictor.requests()
+    assert more.prompt_ids == [5, 6, 7] + answer[:4] and more.max_new_tokens == 36 and not predictions[3]
+    rest = SampleResult(answer[4:], [-0.1] * (len(answer) - 4), "", "stop", "predictor")
+    predictor.receive([rest], predictions)
+    assert predictions[3][0] == ["You arrive at fridge 1."] and not predictor.requests()
 
 
 def test_evaluation_style_rollouts_declare_no_groups(setup):
