@@ -1,11 +1,23 @@
 """WIA's extra wall time per iteration: `roleagent` (WIA on, AIW off) against `gigpo`, same settings, same run.
 
-    python benchmarks/overhead.py [--iterations 3] [--aiw] [--model runs/demo/hf_warmstart]
+    python benchmarks/overhead.py [--regime demo|paper] [--iterations 3] [--aiw] [--model runs/demo/hf_warmstart]
 
 Both runs start from the same warm-started demo model (the demo's `hf_warmstart` when it exists, so the
 predictor writes realistic predictions; otherwise a short warm start each); the first iteration
 (compilation) is excluded.
-The paper reports 5.2% for WIA + AIW together. Last line: one JSON object.
+
+`--regime=demo` is the demo's own shape: 10-token actions, predictions up to `wia.max_tokens`.
+`--regime=paper` shapes the agent's responses like the paper's: every agent row first decodes
+`--reasoning-tokens` of reasoning (the end-of-text token is banned and no stop string applies, so the
+tiny model cannot end it early), in the same sampler call as the step's predictor rows; the action then
+comes from a short agent-only call on the step's prompt, and the row trains on reasoning + action.
+Predictions keep the shape of observations (up to 128 tokens). Its default size runs in minutes on two
+CPU cores; `--tasks`, `--group-size`, `--max-steps` and `--reasoning-tokens 512` scale it up.
+
+Besides seconds, the JSON reports per iteration the decoded row-tokens (generated tokens summed over
+rows) and the prefilled prompt tokens (a sharing group's common prefix counted once): what a
+memory-bound accelerator pays, where extra rows in a decode step cost little; on a CPU every row costs
+compute. The paper reports 5.2% for WIA + AIW together. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,20 +52,81 @@ def base_config(workdir: Path, iterations: int, model: str):
     return c
 
 
-def time_iterations(config) -> list[float]:
+def prefilled_tokens(requests) -> int:
+    """Prompt tokens a call prefills when each sharing group's common prefix is prefilled once."""
+    from roleagent_jax.sampling.prefix import sharing_groups
+
+    keys = [None if r.group is None else (r.role, r.group) for r in requests]
+    groups, _ = sharing_groups([r.prompt_ids for r in requests], keys)
+    return sum(len(r.prompt_ids) for r in requests) - sum(share * (len(idx) - 1) for idx, share in groups)
+
+
+class CountedSampler:
+    """Stands in for `Sampler.generate`: counts what each call decodes and prefills and, with
+    `reasoning` > 0, forces every agent row to decode that many reasoning tokens first (see above)."""
+
+    def __init__(self, sampler, reasoning: int):
+        self.sampler, self.generate, self.reasoning = sampler, sampler.generate, reasoning
+        self.counts = {"decoded_row_tokens": 0, "prefilled_tokens": 0, "decode_steps": 0, "calls": 0}
+
+    def _call(self, params, requests, sampling, rng):
+        out = self.generate(params, requests, sampling, rng)
+        self.counts["decoded_row_tokens"] += sum(len(r.token_ids) for r in out)
+        self.counts["prefilled_tokens"] += prefilled_tokens(requests)
+        self.counts["decode_steps"] += max((len(r.token_ids) for r in out), default=0)
+        self.counts["calls"] += 1
+        return out
+
+    def __call__(self, params, requests, sampling, rng):
+        agent = [i for i, r in enumerate(requests) if r.role == "agent"]
+        if not self.reasoning or not agent:
+            return self._call(params, requests, sampling, rng)
+        import jax
+
+        from roleagent_jax.sampling import SampleResult
+
+        first = [
+            replace(r, max_new_tokens=self.reasoning, stop=()) if r.role == "agent" else r for r in requests
+        ]
+        eos, self.sampler.eos_ids = self.sampler.eos_ids, ()
+        try:
+            out = self._call(params, first, sampling, rng)
+        finally:
+            self.sampler.eos_ids = eos
+        budget = [
+            replace(requests[i], max_new_tokens=requests[i].max_new_tokens - self.reasoning) for i in agent
+        ]
+        actions = self._call(params, budget, sampling, jax.random.fold_in(rng, 1))
+        for i, act in zip(agent, actions, strict=True):
+            thought = out[i]
+            out[i] = SampleResult(
+                thought.token_ids + act.token_ids, thought.logprobs + act.logprobs, act.text,
+                act.finish_reason, act.role,
+            )  # fmt: skip
+        return out
+
+
+def time_iterations(config, reasoning: int) -> dict[str, list[float]]:
+    """Per iteration: wall seconds, generation seconds, and the sampler's counts."""
     from roleagent_jax.trainer import Trainer
 
     trainer = Trainer(config)
+    counted = CountedSampler(trainer.sampler, reasoning)
+    trainer.sampler.generate = counted
+    out: dict[str, list[float]] = {"seconds": [], "generate_seconds": []}
     try:
         trainer.warm_start()
-        times = []
         for it in range(config.iterations):
+            before = dict(counted.counts)
             start = time.perf_counter()
-            trainer.iteration(it)
-            times.append(time.perf_counter() - start)
+            metrics = trainer.iteration(it)
+            out["seconds"].append(time.perf_counter() - start)
+            out["generate_seconds"].append(float(metrics.get("time/generate", float("nan"))))
+            for k, v in counted.counts.items():
+                out.setdefault(k, []).append(float(v - before[k]))
     finally:
         trainer.close()
-    return times
+    return out
 
 
 def main() -> None:
@@ -61,6 +135,13 @@ def main() -> None:
     )
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--aiw", action="store_true", help="also turn AIW on for the roleagent run")
+    parser.add_argument("--regime", choices=("demo", "paper"), default="demo")
+    parser.add_argument(
+        "--reasoning-tokens", type=int, default=128, help="paper regime: reasoning per agent row"
+    )
+    parser.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: demo 8, paper 4)")
+    parser.add_argument("--group-size", type=int, default=0, help="rollouts per task (0: demo 8, paper 4)")
+    parser.add_argument("--max-steps", type=int, default=0, help="steps per episode (0: demo 20, paper 6)")
     default_model = ROOT / "runs" / "demo" / "hf_warmstart"
     parser.add_argument(
         "--model",
@@ -69,28 +150,53 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = {}
+        paper = args.regime == "paper"
+        reasoning = args.reasoning_tokens if paper else 0
+        results: dict[str, dict[str, float]] = {}
         for algo in ("gigpo", "roleagent"):
             c = base_config(Path(tmp) / algo, args.iterations + 1, args.model)
             c.env.gen.dir = str(Path(tmp) / "games")
             c.algo = algo
             c.aiw.enabled = args.aiw
-            times = time_iterations(c)[1:]
-            results[algo] = float(np.mean(times))
-            print(f"{algo:10s} {results[algo]:.2f} s/iteration  ({', '.join(f'{t:.2f}' for t in times)})")
-    overhead = results["roleagent"] / results["gigpo"] - 1.0
-    print(f"WIA{' + AIW' if args.aiw else ''} overhead: {100 * overhead:.1f}% (paper: 5.2% for WIA + AIW)")
+            c.rollout.tasks_per_iter = args.tasks or (4 if paper else c.rollout.tasks_per_iter)
+            c.rollout.group_size = args.group_size or (4 if paper else c.rollout.group_size)
+            c.env.max_steps = args.max_steps or (6 if paper else c.env.max_steps)
+            if paper:
+                c.wia.max_tokens = 128
+                c.rollout.max_response_tokens += reasoning  # the action's budget follows the reasoning
+            measured = {k: v[1:] for k, v in time_iterations(c, reasoning).items()}
+            results[algo] = {k: float(np.mean(v)) for k, v in measured.items()}
+            times = measured["seconds"]
+            print(
+                f"{algo:10s} {results[algo]['seconds']:.2f} s/iteration  ({', '.join(f'{t:.2f}' for t in times)});"
+                f" generation {results[algo]['generate_seconds']:.2f} s,"
+                f" {results[algo]['decoded_row_tokens']:.0f} decoded row-tokens,"
+                f" {results[algo]['prefilled_tokens']:.0f} prefilled tokens,"
+                f" {results[algo]['decode_steps']:.0f} decode steps per iteration"
+            )
+    g, r = results["gigpo"], results["roleagent"]
+    overhead = r["seconds"] / g["seconds"] - 1.0
     print(
-        json.dumps(
-            {
-                "bench": "overhead",
-                "gigpo_s_per_iter": results["gigpo"],
-                "roleagent_s_per_iter": results["roleagent"],
-                "overhead": overhead,
-                "aiw": args.aiw,
-            }
-        )
+        f"WIA{' + AIW' if args.aiw else ''} overhead ({args.regime} regime): {100 * overhead:.1f}% of wall time, "
+        f"{100 * (r['decoded_row_tokens'] / g['decoded_row_tokens'] - 1):.1f}% decoded row-tokens, "
+        f"{100 * (r['prefilled_tokens'] / g['prefilled_tokens'] - 1):.1f}% prefilled tokens (paper: 5.2% for WIA + AIW)"
     )
+    record = {
+        "bench": "overhead",
+        "regime": args.regime,
+        "gigpo_s_per_iter": g["seconds"],
+        "roleagent_s_per_iter": r["seconds"],
+        "overhead": overhead,
+        "aiw": args.aiw,
+        "iterations": args.iterations,
+    }
+    if paper:
+        record["reasoning_tokens"] = reasoning
+    for name in ("generate_seconds", "decoded_row_tokens", "prefilled_tokens", "decode_steps"):
+        record[f"gigpo_{name}_per_iter"] = g[name]
+        record[f"roleagent_{name}_per_iter"] = r[name]
+        record[f"overhead_{name}"] = r[name] / g[name] - 1.0 if g[name] else float("nan")
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

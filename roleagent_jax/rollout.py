@@ -8,8 +8,9 @@ leave the batch. The result is the list of trajectories plus one training row pe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from roleagent_jax.types import Step, Trajectory
 
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
 INLINE_STOP = "</predict_next>"
+PREDICTION_MARGIN = 8  # tokens a prediction may run past the longest observation seen so far
 
 
 def inline_instruction(action_stop: str) -> str:
@@ -84,17 +86,41 @@ class Tokenize:
         return ids
 
 
+def sharing_groups(group_ids: Sequence[int]) -> list[int | None]:
+    """Each slot's sampler sharing group: its task group when other slots play it too, else None (as in
+    evaluation, where every task is played once and rows keep the plain per-row layout)."""
+    counts = Counter(group_ids)
+    return [g if counts[g] > 1 else None for g in group_ids]
+
+
 class Predictor:
     """WIA's hook on the episode loop: after a chosen step, queue a predictor prompt for the action just
-    sent; the queue rides on the next sampler call and its answers become that step's predictions."""
+    sent; the queue rides on the next sampler call and its answers become that step's predictions.
 
-    def __init__(
-        self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int, iteration: int
-    ):
+    Predictor rows never lengthen a sampler call: they decode in the background of the agent rows and,
+    when those end first, continue in the next call (prompt plus the tokens so far, the rest of their
+    budget). A prediction is an observation, so that budget is the tokens of the longest observation
+    seen so far (in the prediction format, plus a margin), never more than `wia_max_tokens`.
+    """
+
+    def __init__(self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int,
+                 iteration: int, groups: Sequence[Hashable | None] = ()):  # fmt: skip
         self.family, self.encode, self.settings = family, encode, settings
-        self.seed, self.iteration = seed, iteration
-        self.pending: list[tuple[int, int, list[int]]] = []  # (traj id, step, prompt ids)
-        self.samples: list[tuple[int, int, list[int], SampleResult]] = []  # answered requests
+        self.seed, self.iteration, self.groups = seed, iteration, groups
+        # (traj, step, request, what earlier calls generated of it)
+        self.pending: list[tuple[int, int, SampleRequest, SampleResult | None]] = []
+        # answered: (traj, step, the original prompt, everything generated over its calls)
+        self.samples: list[tuple[int, int, list[int], SampleResult]] = []
+        tokenizer = encode.tokenizer
+        self._tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        self._frame = self._tokens(wia.format_predictions([""] * settings.wia_horizon))
+        self.longest = 0  # tokens of the longest observation seen so far
+
+    def max_new_tokens(self, observation: str) -> int:
+        """The request's token budget, after counting `observation` as seen."""
+        self.longest = max(self.longest, self._tokens(" ".join(observation.split())))
+        budget = self._frame + self.settings.wia_horizon * self.longest + PREDICTION_MARGIN
+        return min(self.settings.wia_max_tokens, budget)
 
     def after_step(self, turn: Turn, traj: Trajectory, sent: str) -> None:
         s = self.settings
@@ -102,19 +128,51 @@ class Predictor:
             return
         recent = turn.history[-s.history_k :] if s.history_k else []
         text = self.family.predictor_prompt(traj.goal, recent, turn.observation.text, sent, s.wia_horizon)
-        self.pending.append((traj.traj_id, turn.step, self.encode(text)))
+        group = self.groups[turn.slot] if self.groups else None
+        request = SampleRequest(
+            self.encode(text),
+            self.max_new_tokens(turn.observation.text),
+            stop=(wia.PREDICT_STOP,),
+            role="predictor",
+            group=group,
+            background=True,
+        )
+        self.pending.append((traj.traj_id, turn.step, request, None))
 
     def requests(self) -> list[SampleRequest]:
-        return [
-            SampleRequest(ids, self.settings.wia_max_tokens, stop=(wia.PREDICT_STOP,), role="predictor")
-            for _, _, ids in self.pending
-        ]
+        return [request for _, _, request, _ in self.pending]
 
     def receive(self, results: Sequence[SampleResult], predictions: dict) -> None:
-        for (traj_id, step, ids), res in zip(self.pending, results, strict=True):
-            predictions[traj_id][step] = wia.parse_predictions(res.text, self.settings.wia_horizon)
-            self.samples.append((traj_id, step, ids, res))
-        self.pending = []
+        going = []
+        for (traj_id, step, request, before), res in zip(self.pending, results, strict=True):
+            whole = res if before is None else replace(
+                res,
+                token_ids=before.token_ids + res.token_ids,
+                logprobs=before.logprobs + res.logprobs,
+                text=self._joined(before.token_ids, res),
+            )  # fmt: skip
+            if res.finish_reason == "paused":
+                more = replace(
+                    request,
+                    prompt_ids=request.prompt_ids + res.token_ids,
+                    max_new_tokens=request.max_new_tokens - len(res.token_ids),
+                )
+                going.append((traj_id, step, more, whole))
+                continue
+            predictions[traj_id][step] = wia.parse_predictions(whole.text, self.settings.wia_horizon)
+            earlier = len(before.token_ids) if before is not None else 0  # continued rows carry them
+            prompt = request.prompt_ids[: len(request.prompt_ids) - earlier]
+            self.samples.append((traj_id, step, prompt, whole))
+        self.pending = going
+
+    def _joined(self, so_far: list[int], res: SampleResult) -> str:
+        """The text of a prediction generated over several calls, cut like the sampler cuts one."""
+        ids = so_far + (res.token_ids[:-1] if res.finish_reason == "eos" else res.token_ids)
+        text = self.encode.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        end = text.find(wia.PREDICT_STOP)
+        return text if end < 0 else text[: end + len(wia.PREDICT_STOP)]
 
 
 class SamplerAgent:
@@ -122,9 +180,11 @@ class SamplerAgent:
     first, then the predictor's), and one training row per step played."""
 
     def __init__(self, call, family: Family, encode: Tokenize, settings: RolloutSettings,
-                 predictor: Predictor | None, predictions: dict, slot_offset: int = 0):  # fmt: skip
+                 predictor: Predictor | None, predictions: dict, slot_offset: int = 0,
+                 groups: Sequence[Hashable | None] = ()):  # fmt: skip
         self.call, self.family, self.encode, self.settings = call, family, encode, settings
         self.predictor, self.predictions, self.slot_offset = predictor, predictions, slot_offset
+        self.groups = groups  # per slot: the sampler's sharing group of its agent prompts
         self.inline = settings.wia_mode == "inline"
         self.stop = (INLINE_STOP,) if self.inline else (family.action_stop,)
         self.suffix = inline_instruction(family.action_stop) if self.inline else ""
@@ -136,7 +196,11 @@ class SamplerAgent:
         s = self.settings
         requests = [
             SampleRequest(
-                self.encode(tr.prompt + self.suffix), s.max_response_tokens, stop=self.stop, role="agent"
+                self.encode(tr.prompt + self.suffix),
+                s.max_response_tokens,
+                stop=self.stop,
+                role="agent",
+                group=self.groups[tr.slot] if self.groups else None,
             )
             for tr in turns
         ]
@@ -223,11 +287,14 @@ def collect(
     """
     encode = Tokenize(tokenizer, settings.max_prompt_tokens)
     predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(len(task_ids))}
+    groups = sharing_groups(group_ids)
     predictor = (
-        Predictor(family, encode, settings, seed, iteration) if settings.wia_mode == "separate" else None
+        Predictor(family, encode, settings, seed, iteration, groups)
+        if settings.wia_mode == "separate"
+        else None
     )
     timed = _Timed(global_call(generate, gather, rank))
-    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset)
+    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset, groups)
     played = play(
         family,
         envs,

@@ -5,8 +5,8 @@ import pytest
 
 from roleagent_jax import wia
 from roleagent_jax.envs import EnvPool, get_family
-from roleagent_jax.rollout import RolloutSettings, collect, wia_multipliers
-from roleagent_jax.sampling import SampleResult
+from roleagent_jax.rollout import Predictor, RolloutSettings, Tokenize, collect, wia_multipliers
+from roleagent_jax.sampling import SampleRequest, SampleResult
 from roleagent_jax.tokenizer import train_bpe_tokenizer
 
 ALFWORLD = get_family("alfworld")
@@ -41,6 +41,7 @@ class ScriptedModel:
             0,
             [],
         )
+        self.seen: list[tuple[SampleRequest, int]] = []  # (request, the slot it serves)
 
     def __call__(self, requests):
         self.calls += 1
@@ -48,15 +49,18 @@ class ScriptedModel:
         assert roles == sorted(roles), "agent requests come first, then predictor requests"
         self.mixed_calls += "agent" in roles and "predictor" in roles
         agent_slots = [s for s in sorted(self.spy.info) if s in self.expected_slots]
-        predicted = [self.spy.last_outcomes[s] for s in sorted(self.spy.last_outcomes)]
+        predicted_slots = sorted(self.spy.last_outcomes)
+        predicted = [self.spy.last_outcomes[s] for s in predicted_slots]
         out, k = [], 0
         for r in requests:
             if r.role == "agent":
                 plan = self.spy.info[agent_slots[k]].expert_plan or ["look"]
                 text = f"<think>follow the plan</think><action>{plan[0]}</action>"
+                self.seen.append((r, agent_slots[k]))
                 k += 1
             else:
                 obs = predicted.pop(0).text
+                self.seen.append((r, predicted_slots.pop(0)))
                 text = wia.format_predictions([obs if self.perfect else "a banana 7"])
             out.append(SampleResult([1, 2, 3], [-0.5, -0.5, -0.5], text, "stop", r.role))
         return out
@@ -130,6 +134,46 @@ def test_separate_mode_shares_one_call_per_step_and_perfect_predictions_score_on
     mult, metrics = wia_multipliers(result, lam=1.0)
     np.testing.assert_allclose(mult, 2.0)  # R_pre = 1 on every scored step
     assert metrics["wia/parse_rate"] == 1.0 and metrics["wia/lms_h1"] == 1.0
+
+
+def test_rollout_declares_task_groups_and_caps_predictions_by_observation_length(setup):
+    _, tok, _ = setup
+    result, model = run(setup, "separate")
+    assert {r.role for r, _ in model.seen} == {"agent", "predictor"}
+    for request, slot in model.seen:
+        assert request.group == slot // 2  # both roles share within the slot's task group
+    budgets = [r.max_new_tokens for r, _ in model.seen if r.role == "predictor"]
+    assert budgets == sorted(budgets) and max(budgets) <= 128  # grows with what was seen, capped
+    first = result.trajectories[0].steps[0].observation
+    framed = len(tok.encode(wia.format_predictions([" ".join(first.split())]), add_special_tokens=False))
+    assert budgets[0] >= min(128, framed)  # room for a prediction as long as an observation seen
+
+
+def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
+    _, tok, _ = setup
+    predictor = Predictor(ALFWORLD, Tokenize(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
+    answer = tok.encode(wia.format_predictions(["You arrive at fridge 1."]), add_special_tokens=False)
+    first = SampleRequest([5, 6, 7], 40, stop=(wia.PREDICT_STOP,), role="predictor", background=True)
+    predictor.pending = [(3, 0, first, [])]
+    predictions = {3: {}}
+    predictor.receive([SampleResult(answer[:4], [-0.1] * 4, "", "paused", "predictor")], predictions)
+    (more,) = predictor.requests()
+    assert more.prompt_ids == [5, 6, 7] + answer[:4] and more.max_new_tokens == 36 and not predictions[3]
+    rest = SampleResult(answer[4:], [-0.1] * (len(answer) - 4), "", "stop", "predictor")
+    predictor.receive([rest], predictions)
+    assert predictions[3][0] == ["You arrive at fridge 1."] and not predictor.requests()
+
+
+def test_evaluation_style_rollouts_declare_no_groups(setup):
+    pool, tok, envs = setup
+    seen = []
+
+    def generate(requests):
+        seen.extend(requests)
+        return [SampleResult([1], [-0.1], "<action>look</action>", "stop", r.role) for r in requests]
+
+    collect(generate, ALFWORLD, envs, [0, 1, 2, 3], [0, 1, 2, 3], tok, RolloutSettings(max_steps=2))
+    assert seen and all(r.group is None for r in seen)
 
 
 def test_wrong_predictions_score_low(setup):

@@ -296,3 +296,18 @@ def test_capped_batch_buckets():
     assert capped_batch_buckets(4) == (4,)
     with pytest.raises(ValueError, match="max_rows_per_call"):
         capped_batch_buckets(-1)
+
+
+def test_background_rows_pause_when_the_rest_end_and_continue_exactly(setup, plain, greedy_run):
+    prompts, params, greedy = setup["prompts"], setup["params"], SamplingParams(greedy=True)
+    reqs = [SampleRequest(prompts[0], 5), SampleRequest(prompts[1], 16, background=True)]
+    out = plain.generate(params, reqs, greedy, jax.random.key(0))
+    assert out[0].token_ids == greedy_run[0].token_ids[:5] and out[0].finish_reason == "length"
+    paused = out[1]
+    assert paused.finish_reason == "paused" and paused.token_ids == greedy_run[1].token_ids[:5]
+    # The next call continues it from its prompt plus those tokens; alone, it runs to its budget.
+    more = SampleRequest(prompts[1] + paused.token_ids, 11, background=True)
+    rest = plain.generate(params, [more], greedy, jax.random.key(1))[0]
+    assert rest.finish_reason == "length"
+    assert paused.token_ids + rest.token_ids == greedy_run[1].token_ids
+    np.testing.assert_allclose(paused.logprobs + rest.logprobs, greedy_run[1].logprobs, atol=1e-5)

@@ -31,8 +31,8 @@ from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 
-FINISH_REASONS = ("running", "eos", "stop", "length")  # index = the code the decode loop writes
-_EOS, _STOP, _LENGTH = 1, 2, 3
+FINISH_REASONS = ("running", "eos", "stop", "length", "paused")  # index = the code the decode loop writes
+_EOS, _STOP, _LENGTH, _PAUSED = 1, 2, 3, 4
 
 
 BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -57,6 +57,11 @@ class SampleRequest:
     group share the KV of their prompts' longest common token prefix (computed once, stored once);
     None (the default) generates the row on its own. Greedy output does not depend on it; sampled
     output keeps its distribution, but a row's random draws follow its place in the call's layout.
+
+    `background`: the row decodes only while some other row of its call (chunk) is still decoding, so
+    it never lengthens the call; cut off there, it returns what it generated with finish_reason
+    "paused", for a later call to continue (its prompt plus those tokens, the remaining budget). A call
+    of background rows only runs them to the end.
     """
 
     prompt_ids: list[int]
@@ -64,6 +69,7 @@ class SampleRequest:
     stop: tuple[str, ...] = ()
     role: str = "agent"
     group: Hashable | None = None
+    background: bool = False
 
 
 @dataclass
@@ -76,7 +82,7 @@ class SampleResult:
         top-k/top-p truncation, which is what the PPO ratio against the training forward needs.
     text: decoded text; with a stop it ends exactly at the end of the first stop string (the stop is
         kept, e.g. "...</action>", so an action parser sees the closing tag); without the EOS token.
-    finish_reason: "eos" | "stop" | "length".
+    finish_reason: "eos" | "stop" | "length" | "paused" (a background row cut off, see SampleRequest).
     """
 
     token_ids: list[int]
@@ -291,6 +297,7 @@ class Sampler:
         logits,
         prompt_mask,
         max_new,
+        background,
         stop_bytes,
         stop_len,
         table,
@@ -354,7 +361,7 @@ class Sampler:
 
         def keep_going(carry):
             step, _, _, state = carry
-            return (step < new_tokens) & ~jnp.all(state[2])
+            return (step < new_tokens) & ~jnp.all(state[2] | background)
 
         def one_token(carry):
             step, last, cache, state = carry
@@ -376,8 +383,10 @@ class Sampler:
             return step + 1, tok, self._constrain_cache(cache), state
 
         carry = (jnp.int32(1), tok, cache, state)
-        _, _, cache, state = jax.lax.while_loop(keep_going, one_token, carry)
-        tokens, logps, _, finish, n_gen, _ = state
+        steps, _, cache, state = jax.lax.while_loop(keep_going, one_token, carry)
+        tokens, logps, done, finish, n_gen, _ = state
+        finish = jnp.where(done, finish, _PAUSED)  # only background rows can stop unfinished
+        n_gen = jnp.where(done, n_gen, steps)
         # The cache is returned (and dropped by the caller) so the donated input buffer can alias it:
         # the loop then updates the prefill's cache in place instead of copying it first.
         return (tokens, logps, n_gen, finish), cache
@@ -457,10 +466,13 @@ class Sampler:
         ids = np.full((rows, plen), self.pad_id, np.int32)
         mask = np.zeros((rows, plen), np.int32)
         max_new = np.zeros((rows,), np.int32)
+        background = np.zeros((rows,), bool)
+        some_foreground = not all(r.background for r in requests)
         for b, s in enumerate(slots):
             own = requests[s].prompt_ids[skip[b] :] if s >= 0 else [self.pad_id]  # idle: one real token
             ids[b, plen - len(own) :], mask[b, plen - len(own) :] = own, 1
             max_new[b] = requests[s].max_new_tokens if s >= 0 else 0
+            background[b] = some_foreground and s >= 0 and requests[s].background
 
         n_stop = max(len(r.stop) for r in requests)
         if n_stop:
@@ -495,7 +507,8 @@ class Sampler:
                 params, prefix_ids, prefix_mask, self._put_rows(ids), prompt_mask, offset, cache_len=cache_len
             )
         out = self._decode(
-            params, cache, logits, prompt_mask, self._put_rows(max_new), stop_bytes, stop_len, table,
+            params, cache, logits, prompt_mask, self._put_rows(max_new), self._put_rows(background),
+            stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, prefix, offset, mode=mode,
         )  # fmt: skip
         tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process
