@@ -154,7 +154,7 @@ def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
     predictor = Predictor(ALFWORLD, Tokenize(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
     answer = tok.encode(wia.format_predictions(["You arrive at fridge 1."]), add_special_tokens=False)
     first = SampleRequest([5, 6, 7], 40, stop=(wia.PREDICT_STOP,), role="predictor", background=True)
-    predictor.pending = [(3, 0, first, [])]
+    predictor.pending = [(3, 0, first, None)]
     predictions = {3: {}}
     predictor.receive([SampleResult(answer[:4], [-0.1] * 4, "", "paused", "predictor")], predictions)
     (more,) = predictor.requests()
@@ -162,6 +162,9 @@ def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
     rest = SampleResult(answer[4:], [-0.1] * (len(answer) - 4), "", "stop", "predictor")
     predictor.receive([rest], predictions)
     assert predictions[3][0] == ["You arrive at fridge 1."] and not predictor.requests()
+    ((traj, step, prompt, whole),) = predictor.samples  # one training row over both calls
+    assert (traj, step, prompt, whole.token_ids) == (3, 0, [5, 6, 7], answer)
+    assert len(whole.logprobs) == len(answer)
 
 
 def test_evaluation_style_rollouts_declare_no_groups(setup):
