@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.envs.base import get_family, registered
+from roleagent_jax.envs.base import Family, get_family, registered
 
 ALGOS = ("grpo", "gigpo", "wia", "aiw", "roleagent")
 CHOICES = {
@@ -100,6 +100,12 @@ def _get(config: ConfigDict, dotted: str):
     return node
 
 
+def family_options(config: ConfigDict, family: Family) -> dict:
+    """The family's own settings: the config's `env.<family name>` subtree when it has one."""
+    node = config.env.get(family.name)
+    return dict(node.to_dict()) if node is not None else {}
+
+
 def expand_paths(config: ConfigDict) -> ConfigDict:
     """A copy of the config with ``~`` expanded in every path key."""
     config = ConfigDict(config.to_dict())
@@ -135,9 +141,8 @@ def startup_errors(config: ConfigDict) -> list[str]:
         errors.append(f"--config.env.name={config.env.name!r}: must be one of {', '.join(registered())}")
     else:
         family = get_family(config.env.name)
-        node = config.env.get(family.name)
         try:
-            family.check_options(family.resolve_options(node.to_dict() if node is not None else {}))
+            family.check_options(family.resolve_options(family_options(config, family)))
         except (ValueError, TypeError) as err:
             errors.append(f"--config.env.{family.name}: {err}")
         errors += _split_errors(config, family)

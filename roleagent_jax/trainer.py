@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from roleagent_jax import aiw, distributed
 from roleagent_jax.advantages import gigpo_advantages, similar_anchor_hashes
 from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer, claim_workdir, write_json
-from roleagent_jax.config import apply_algo, validate
+from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
 from roleagent_jax.episodes import failed_games, success_summary
 from roleagent_jax.metrics import MetricLogger
@@ -47,12 +47,6 @@ from roleagent_jax.train_step import (
 from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
 
 EXPERT_MAX_STEPS = 50
-
-
-def family_options(config: ConfigDict, family: Family) -> dict:
-    """The family's own settings: the config's `env.<family name>` subtree when it has one."""
-    node = config.env.get(family.name)
-    return dict(node.to_dict()) if node is not None else {}
 
 
 def _print_failed(where: str, trajs, pool) -> None:

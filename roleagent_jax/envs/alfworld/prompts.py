@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import re
 
+from roleagent_jax.envs.text import action_block, history_lines, matching_command
+
 ACTION_STOP = "</action>"
 _BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 _TASK_LINE = re.compile(r"\s*Your task is to:[^\n]*", re.IGNORECASE)
-_ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
-_ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
-_TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
-MAX_ACTION_CHARS = 200
 
 
 def clean_observation(obs: str) -> str:
@@ -39,26 +37,13 @@ def build_agent_prompt(
         "You are an agent in a household. Reach the goal with text commands.",
         f"Task: {goal.strip()}",
     ]
-    recent = history[-k:] if k > 0 else []
-    if recent:
-        lines.append(f"Step {step + 1}. Your last {len(recent)} steps:")
-        first = step - len(recent) + 1
-        for j, (obs, act) in enumerate(recent):
-            lines.append(f"[{first + j}] Saw: {clean_observation(obs)}")
-            lines.append(f"[{first + j}] Did: {act}")
-    else:
-        lines.append(f"Step {step + 1}. No actions yet.")
+    lines += history_lines(history[-k:] if k > 0 else [], step, clean_observation)
     lines.append(f"Now: {clean_observation(observation)}")
     lines.append("Commands: " + " | ".join(admissible))
     lines.append(
         "Reason briefly in <think>...</think>, then give one command from the list in <action>...</action>."
     )
     return "\n".join(lines)
-
-
-def normalize_action(text: str) -> str:
-    """Case and whitespace do not make two commands different."""
-    return " ".join(text.split()).lower()
 
 
 def parse_action(response: str, admissible: list[str] | None) -> tuple[str | None, bool]:
@@ -70,30 +55,12 @@ def parse_action(response: str, admissible: list[str] | None) -> tuple[str | Non
     returns (None, False), except an inadmissible but well-formed action, returned with valid=False.
     """
     try:
-        if not isinstance(response, str):
-            return None, False
-        opens = list(_ACTION_OPEN.finditer(response))
-        closes = list(_ACTION_CLOSE.finditer(response))
-        if len(opens) != 1 or len(closes) > 1:
-            return None, False
-        start = opens[0].end()
-        if closes:
-            if closes[0].start() < start:
-                return None, False
-            content = response[start : closes[0].start()]
-        else:
-            content = response[start:]
-        if _TAG.search(content):
-            return None, False
-        action = " ".join(content.split())
-        if not action or len(action) > MAX_ACTION_CHARS or not action.isascii() or not action.isprintable():
+        action = action_block(response)
+        if action is None:
             return None, False
         if admissible is None:
             return action, True
-        wanted = normalize_action(action)
-        for cmd in admissible:
-            if normalize_action(cmd) == wanted:
-                return cmd, True
-        return action, False
+        cmd = matching_command(action, admissible)
+        return (cmd, True) if cmd is not None else (action, False)
     except Exception:  # the parser must never take a rollout down
         return None, False

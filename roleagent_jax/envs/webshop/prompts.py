@@ -7,18 +7,14 @@ context of only about a thousand tokens, and a results page alone is a few hundr
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from roleagent_jax.envs.base import PredictorFraming
+from roleagent_jax.envs.text import action_block, history_lines, matching_command, normalize_action
 from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
 
 ACTION_STOP = "</action>"
-MAX_ACTION_CHARS = 200
 HISTORY_OBS_CHARS = 160  # an earlier page is shown cut to this many characters
-_ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
-_ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
-_TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
 
 PREDICTOR_FRAMING = PredictorFraming(
     intro="Act as the shop website. Predict the page it shows next.",
@@ -47,14 +43,7 @@ def build_agent_prompt(
         f"Instruction: {goal}",
     ]
     recent = list(history)[-k:] if k > 0 else []
-    if recent:
-        lines.append(f"Step {step + 1}. Your last {len(recent)} steps:")
-        first = step - len(recent) + 1
-        for j, (obs, act) in enumerate(recent):
-            lines.append(f"[{first + j}] Saw: {_clip(obs, HISTORY_OBS_CHARS)}")
-            lines.append(f"[{first + j}] Did: {act}")
-    else:
-        lines.append(f"Step {step + 1}. No actions yet.")
+    lines += history_lines(recent, step, lambda obs: _clip(obs, HISTORY_OBS_CHARS))
     lines.append(f"Page: {' '.join(observation.split())}")
     if admissible is not None:
         lines.append("Actions: " + " | ".join(admissible))
@@ -63,10 +52,6 @@ def build_agent_prompt(
         " (to search, write search[your keywords])."
     )
     return "\n".join(lines)
-
-
-def _normalize(action: str) -> str:
-    return " ".join(action.split()).lower()
 
 
 def parse_action(response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
@@ -79,20 +64,8 @@ def parse_action(response: str, admissible: Sequence[str] | None) -> tuple[str |
     the format is checked. A well-formed but unavailable action comes back with valid=False.
     """
     try:
-        if not isinstance(response, str):
-            return None, False
-        opens = list(_ACTION_OPEN.finditer(response))
-        closes = list(_ACTION_CLOSE.finditer(response))
-        if len(opens) != 1 or len(closes) > 1:
-            return None, False
-        start = opens[0].end()
-        if closes and closes[0].start() < start:
-            return None, False
-        content = response[start : closes[0].start()] if closes else response[start:]
-        if _TAG.search(content):
-            return None, False
-        text = " ".join(content.split())
-        if not text or len(text) > MAX_ACTION_CHARS or not text.isascii() or not text.isprintable():
+        text = action_block(response)
+        if text is None:
             return None, False
         parsed = split_action(text)
         if parsed is None:
@@ -102,12 +75,11 @@ def parse_action(response: str, admissible: Sequence[str] | None) -> tuple[str |
         if admissible is None:
             return action, True
         if kind == "search":
-            ok = SEARCH_PLACEHOLDER in admissible and _normalize(action) != _normalize(SEARCH_PLACEHOLDER)
+            ok = SEARCH_PLACEHOLDER in admissible and normalize_action(action) != normalize_action(
+                SEARCH_PLACEHOLDER
+            )
             return action, ok
-        wanted = _normalize(action)
-        for cmd in admissible:
-            if _normalize(cmd) == wanted:
-                return cmd, True
-        return action, False
+        cmd = matching_command(action, admissible)
+        return (cmd, True) if cmd is not None else (action, False)
     except Exception:  # the parser must never take a rollout down
         return None, False

@@ -1,0 +1,68 @@
+"""Text pieces that families with an `<action>` answer format share: the answer's action block, the
+case- and space-blind comparison of commands, and the numbered history lines of an agent prompt.
+
+A family's own parser decides what a valid action is; these only find it, so every family reads the
+answer format the same way (and never raises on what a model writes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from roleagent_jax.envs.base import MAX_ACTION_CHARS
+
+_ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
+_ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
+_TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
+
+
+def action_block(response: object) -> str | None:
+    """The content of the response's single <action>...</action> block, whitespace collapsed; None when
+    there is not exactly one block (a final unclosed one counts: the sampler may cut the stop string), it
+    holds another tag, or its content is empty, longer than MAX_ACTION_CHARS, or not printable ASCII."""
+    if not isinstance(response, str):
+        return None
+    opens = list(_ACTION_OPEN.finditer(response))
+    closes = list(_ACTION_CLOSE.finditer(response))
+    if len(opens) != 1 or len(closes) > 1:
+        return None
+    start = opens[0].end()
+    if closes and closes[0].start() < start:
+        return None
+    content = response[start : closes[0].start()] if closes else response[start:]
+    if _TAG.search(content):
+        return None
+    action = " ".join(content.split())
+    if not action or len(action) > MAX_ACTION_CHARS or not action.isascii() or not action.isprintable():
+        return None
+    return action
+
+
+def normalize_action(text: str) -> str:
+    """Case and whitespace do not make two commands different."""
+    return " ".join(text.split()).lower()
+
+
+def matching_command(action: str, commands: Sequence[str]) -> str | None:
+    """The command of `commands` equal to `action` up to case and whitespace, in the list's spelling."""
+    wanted = normalize_action(action)
+    for cmd in commands:
+        if normalize_action(cmd) == wanted:
+            return cmd
+    return None
+
+
+def history_lines(
+    recent: Sequence[tuple[str, str]], step: int, show: Callable[[str], str] = str
+) -> list[str]:
+    """The prompt's step header and the last (observation, action) pairs, numbered by step (1-based):
+    `recent` is already cut to the window, `show` renders an observation."""
+    if not recent:
+        return [f"Step {step + 1}. No actions yet."]
+    lines = [f"Step {step + 1}. Your last {len(recent)} steps:"]
+    first = step - len(recent) + 1
+    for j, (obs, act) in enumerate(recent):
+        lines.append(f"[{first + j}] Saw: {show(obs)}")
+        lines.append(f"[{first + j}] Did: {act}")
+    return lines
