@@ -11,7 +11,7 @@ inadmissible command, then "Nothing happens."), and the tiny model loops there. 
 carries over to unseen games and that RL finds in a few minutes: in three seeds, the share of valid
 actions in training rose from 25-36% to 47-55% within the 8 iterations. Imitating
 recovery too (`warmstart.explore` > 0) gives a stronger start from which these few minutes of RL gain
-nothing measurable (README, "The demo's learning, honestly").
+nothing measurable (docs/experiments.md).
 """
 
 from configs import base
@@ -52,7 +52,7 @@ def get_config():
     c.advantage.credit_invalid = False  # a won episode's invalid detours get no credit
     c.advantage.invalid_penalty = 2.0  # every step group then ranks valid actions above invalid ones
     c.loss.kl_type = "none"  # at lr 1e-4 the KL to the warm start stayed near 0.01: not worth a pass
-    c.optim.lr = 2e-4  # 1e-4 gained less in each of 3 seeds, 3e-4 less in seed 0 (README)
+    c.optim.lr = 2e-4  # 1e-4 gained less in each of 3 seeds, 3e-4 less in seed 0 (docs/experiments.md)
     c.train.mini_batch_rows = 128
     c.train.micro_batch_rows = 32
     c.train.old_logprobs = "sampler"  # one forward pass fewer (with no KL pass: update ~30 s -> ~16 s)

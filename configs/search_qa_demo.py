@@ -8,7 +8,7 @@ is fitted to the expert's play, a 3-layer Qwen2 is warm-started on it (agent and
 then Role-Agent RL (GiGPO + WIA + AIW with the heuristic analyser) trains on held-in questions.
 Evaluation, before and after RL, asks 96 held-out questions (new questions about the same small world).
 
-Measured (README): 11 min 18 s here, EM 3.1% before and after RL: it runs in time but does not learn
+Measured (docs/families.md): 11 min 18 s on a 2-core CPU, EM 3.1% before and after RL: it runs in time but does not learn
 yet; the tiny model learns the format, not yet to copy names into its queries and answers.
 """
 
