@@ -31,7 +31,9 @@ from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
 PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
-PANEL_BATCH = 48  # episodes per sampler batch: the draws depend on it (docs/experiments.md's evaluate command uses it)
+PANEL_BATCH = (
+    48  # episodes per sampler batch: the draws depend on it (docs/experiments.md's evaluate command uses it)
+)
 
 
 def run(config) -> dict:
