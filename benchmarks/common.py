@@ -13,9 +13,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def demo_config():
-    """configs/demo.py's config (config files load by path, not as a package)."""
-    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
+# each family's embedded default: the config the learning benchmark trains and evaluates
+DEMO_CONFIGS = {"alfworld": "demo", "webshop": "webshop_demo", "search_qa": "search_qa_demo"}
+
+
+def demo_config(env: str = "alfworld"):
+    """The family's embedded default config (configs/demo.py for ALFWorld; loaded by path, not as a
+    package)."""
+    name = DEMO_CONFIGS[env]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()

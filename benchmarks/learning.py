@@ -1,17 +1,22 @@
-"""Does it learn, and which algorithm learns most? grpo vs gigpo vs roleagent on the demo, same budget.
+"""Does it learn, and which algorithm learns most? grpo vs gigpo vs roleagent on a demo, same budget.
 
-    python benchmarks/learning.py [--seeds 0 1 2] [--iterations 12] [--panel 96 --draws 2]
-    python benchmarks/learning.py --algos gigpo wia aiw roleagent   # the paper's ablation table
+    python benchmarks/learning.py [--env alfworld] [--seeds 0 1 2] [--iterations 12] [--panel 96 --draws 2]
+    python benchmarks/learning.py --algos grpo gigpo wia aiw roleagent   # the paper's ablation table
+    python benchmarks/learning.py --env webshop          # configs/webshop_demo.py; search_qa likewise
+
+`--env` picks the family's embedded default (alfworld: configs/demo.py). Success is the family's
+success rate (search-QA: exact match).
 
 `--algos` runs any subset of the presets (grpo, gigpo, wia = GiGPO + WIA, aiw = GiGPO + AIW, roleagent;
 default grpo gigpo roleagent). Per seed, one warm start (shared by the algorithms, so they start from
 the same model) and one
 evaluation of it; then each algorithm runs the demo's RL budget and is evaluated on the held-out
-generated pools. Prints the table (mean +- std over seeds); last line: one JSON object.
+generated pools. Prints the table (mean +- standard error over seeds) and each algorithm's gain over its own seed's
+warm start (paired); last line: one JSON object.
 
-The demo's pools are small (48 games), and a model's score moves by up to 10 points from one panel to
-another. `--panel N` also plays every final model (and each warm start) on N fresh unseen games, once
-per sampling seed 1..draws, and prints a second table with their mean. Finished runs in `--workdir` are
+A model's score moves by several points from one panel of tasks to another. `--panel N` also plays
+every final model (and each warm start) on N fresh held-out tasks, once per sampling seed 1..draws,
+and prints a second table with their mean. Finished runs in `--workdir` are
 resumed, not retrained, so a panel can be added to an earlier run's folder.
 """
 
@@ -26,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.common import demo_config  # noqa: E402
+from benchmarks.common import DEMO_CONFIGS, demo_config  # noqa: E402
 from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
@@ -46,7 +51,7 @@ def run(config) -> dict:
         trainer.close()
 
 
-def panel_success(model_dir: Path, pool, config, draws: int) -> float:
+def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> float:
     """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
     from roleagent_jax.envs import get_family
     from roleagent_jax.evaluate import evaluate
@@ -60,7 +65,7 @@ def panel_success(model_dir: Path, pool, config, draws: int) -> float:
             ModelPolicy(model_dir, family, temperature, seed=draw),
             family,
             pool,
-            "gen_unseen",
+            split,
             num_workers=config.env.num_workers,
             max_steps=config.env.max_steps,
             batch_size=PANEL_BATCH,
@@ -70,18 +75,35 @@ def panel_success(model_dir: Path, pool, config, draws: int) -> float:
     return float(np.mean(scores))
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean over seeds and its standard error (sample std / sqrt(n); 0 for a single seed)."""
+    v = np.asarray(values, np.float64)
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+
+
 def print_table(title: str, table: dict[str, dict[str, list[float]]], splits: list[str]) -> None:
     print(f"\n{title}")
     print(f"{'':12s}" + "".join(f"{s:>20s}" for s in splits))
     for name, row in table.items():
-        cells = [f"{100 * np.mean(row[s]):8.1f} +- {100 * np.std(row[s]):5.1f}" for s in splits]
+        cells = [f"{100 * m:8.1f} +- {100 * e:5.1f}" for m, e in (mean_se(row[s]) for s in splits)]
         print(f"{name:12s}" + "".join(f"{c:>20s}" for c in cells))
+
+
+def gains(table: dict[str, dict[str, list[float]]], splits: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Each algorithm minus its own seed's warm start: paired, so the warm starts' spread cancels."""
+    base = table["warm start"]
+    return {
+        name: {s: [a - b for a, b in zip(row[s], base[s], strict=True)] for s in splits}
+        for name, row in table.items()
+        if name != "warm start"
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--env", choices=sorted(DEMO_CONFIGS), default="alfworld", help="which demo to run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the demo's)")
     parser.add_argument("--workdir", default="runs/learning")
@@ -101,13 +123,14 @@ def main() -> None:
     if args.panel:
         from roleagent_jax.envs import get_family
 
-        demo = demo_config()
+        demo = demo_config(args.env)
+        panel_split = demo.env.eval_splits[-1]  # the most held-out split (alfworld, webshop: gen_unseen)
         pool = get_family(demo.env.name).task_pool(
-            "gen_unseen", gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,
+            panel_split, gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,
             options=demo.env[demo.env.name].to_dict(),
         )  # fmt: skip
     for seed in args.seeds:
-        base = demo_config()
+        base = demo_config(args.env)
         base.seed = seed
         base.env.gen.dir = str(root / "games")
         base.log.progress = False
@@ -135,28 +158,30 @@ def main() -> None:
             models[algo] = Path(summary["final_model"])
         if pool is not None:
             for name, model_dir in models.items():
-                score = panel_success(model_dir, pool, base, args.draws)
+                score = panel_success(model_dir, pool, base, args.draws, panel_split)
                 table[name].setdefault(panel_name, []).append(score)
                 print(f"seed {seed} {name} on {args.panel} fresh unseen games: {100 * score:.1f}", flush=True)
     splits = sorted(s for s in table["warm start"] if s != panel_name)
     n = len(args.seeds)
-    print_table(f"success % on held-out generated games ({n} seeds, mean +- std)", table, splits)
+    print_table(f"success % on held-out generated games ({n} seeds, mean +- standard error)", table, splits)
+    print_table(f"gain over the seed's warm start, points ({n} seeds, mean +- standard error)",
+                gains(table, splits), splits)  # fmt: skip
     if pool is not None:
         print_table(
-            f"success % on {args.panel} fresh unseen games, mean of {args.draws} draws ({n} seeds, mean +- std)",
+            f"success % on {args.panel} fresh held-out tasks, mean of {args.draws} draws ({n} seeds, mean +- SE)",
             table,
             [panel_name],
         )
-    out = {
-        name: {s: [float(np.mean(v)), float(np.std(v))] for s, v in row.items()}
-        for name, row in table.items()
-    }
+    out = {name: {s: mean_se(v) for s, v in row.items()} for name, row in table.items()}
+    per_seed = {name: {s: [float(x) for x in v] for s, v in row.items()} for name, row in table.items()}
     print(
         json.dumps(
             {
                 "bench": "learning",
+                "env": args.env,
                 "seeds": args.seeds,
-                "success_mean_std": out,
+                "success_mean_se": out,
+                "success_per_seed": per_seed,
                 "wall_s": time.perf_counter() - start,
             }
         )

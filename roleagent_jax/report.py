@@ -100,7 +100,9 @@ def _plot_before_after(before: dict, after: dict, path: Path) -> Path | None:
     return path
 
 
-def _plot_stacked(series: dict, title: str, ylabel: str, path: Path) -> Path | None:
+def _plot_stacked(series: dict, title: str, ylabel: str, path: Path, normalize: bool = False) -> Path | None:
+    """Stacked areas per iteration; ``normalize`` shows each iteration's mix in percent of its total."""
+    series = {k: v for k, v in series.items() if any(v[1])}  # types never seen would only crowd the legend
     if not series:
         return None
     names = sorted(series)
@@ -109,14 +111,45 @@ def _plot_stacked(series: dict, title: str, ylabel: str, path: Path) -> Path | N
     for i, name in enumerate(names):
         for s, v in zip(*series[name], strict=True):
             table[i, steps.index(s)] = v
+    if normalize:
+        table = 100 * table / np.maximum(table.sum(0, keepdims=True), 1e-12)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.stackplot(steps, table, labels=names)
     ax.set(title=title, xlabel="iteration", ylabel=ylabel)
+    if normalize:
+        ax.set_ylim(0, 100)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def aiw_rows(history: list[dict]) -> list[str]:
+    """Markdown table per AIW round: failures, the most frequent label and its share, and the task type
+    whose sampling share moved furthest from the pool's share (empty when AIW never ran)."""
+    rows = []
+    for row in history:
+        fails = {k[len("aiw/fail/") :]: v for k, v in row.items() if k.startswith("aiw/fail/") and v}
+        shift = {k[len("aiw/shift/") :]: v for k, v in row.items() if k.startswith("aiw/shift/")}
+        if not fails and not shift:
+            continue
+        total = sum(fails.values())
+        top = max(sorted(fails), key=fails.get) if fails else "-"
+        top_cell = f"{top} ({100 * fails[top] / total:.0f}%)" if fails else "-"
+        moved = max(sorted(shift), key=lambda k: abs(shift[k])) if shift else None
+        moved_cell = f"{moved} ({100 * shift[moved]:+.1f})" if moved else "-"
+        rows.append(f"| {row['step']} | {int(total)} | {top_cell} | {moved_cell} |")
+    if not rows:
+        return []
+    return [
+        "## AIW per round",
+        "",
+        "| iteration | failures analysed | most frequent label (share) | task type moved most (points) |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_state=None) -> Path:
@@ -132,14 +165,19 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
             host.get("eval", {}).get("after", {}),
             out / "before_after.png",
         ),
-        "Failure types over time (AIW analyses)": _plot_stacked(
-            _series(history, "aiw/fail/"), "failures by type", "failed episodes", out / "failure_types.png"
+        "Failure-type mix over time (AIW analyses)": _plot_stacked(
+            _series(history, "aiw/fail/"),
+            "share of the iteration's failed episodes by type",
+            "% of failures",
+            out / "failure_types.png",
+            normalize=True,
         ),
-        "Task-sampling distribution over task types (AIW)": _plot_stacked(
-            _series(history, "aiw/share/"),
-            "sampling probability by task type",
-            "probability",
+        "Task-sampling share by task type, change from the pool's share (AIW)": _plot_lines(
+            _series(history, "aiw/shift/"),
+            "sampling share minus the pool's share (0 = uniform sampling)",
+            "points",
             out / "sampling.png",
+            percent=True,
         ),
         "WIA prediction accuracy": _plot_lines(
             {k: v for k, v in _series(history, "wia/").items() if k.startswith("lms")},
@@ -164,6 +202,7 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     if host.get("sft_losses"):
         losses = host["sft_losses"]
         lines += [f"Warm start loss: {losses[0]:.3f} -> {losses[-1]:.3f}", ""]
+    lines += aiw_rows(history)
     if aiw_state is not None:
         lines += ["## Most boosted tasks (AIW)", ""]
         lines += [f"- {row}" for row in aiw_state.top_boosted()]

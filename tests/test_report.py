@@ -35,3 +35,19 @@ def test_report_without_game_counts_shows_the_rates_alone(tmp_path):
     host = {"eval": {"before": {"s": {"all": 0.5}}, "after": {"s": {"all": 0.25}}}}
     text = write_report(tmp_path, ConfigDict({"algo": "grpo"}), [], host).read_text()
     assert "| s | all | - | 50.0 | 25.0 | -25.0 |" in text
+
+
+def test_report_tabulates_each_aiw_round_and_plots_the_mix_and_the_share_shift(tmp_path):
+    history = [
+        {"step": 1, "aiw/fail/entity_confusion": 6.0, "aiw/fail/navigation_loop": 2.0,
+         "aiw/shift/heat": 0.01, "aiw/shift/clean": -0.03},
+        {"step": 2, "aiw/fail/entity_confusion": 1.0, "aiw/fail/navigation_loop": 3.0,
+         "aiw/shift/heat": 0.08, "aiw/shift/clean": -0.02},
+        {"step": 3, "train/return": 1.0},  # an iteration without an AIW round adds no row
+    ]  # fmt: skip
+    text = write_report(tmp_path, ConfigDict({"algo": "roleagent"}), history, {}).read_text()
+    assert "| 1 | 8 | entity_confusion (75%) | clean (-3.0) |" in text
+    assert "| 2 | 4 | navigation_loop (75%) | heat (+8.0) |" in text
+    assert "| 3 |" not in text
+    assert (tmp_path / "report" / "failure_types.png").stat().st_size > 0
+    assert (tmp_path / "report" / "sampling.png").stat().st_size > 0

@@ -176,6 +176,7 @@ def aiw_round(
     share: dict[str, float] = {}
     for tt, p in zip(index.task_types, probs):
         share[tt] = share.get(tt, 0.0) + float(p)
+    pool_share = {tt: c / len(index.task_types) for tt, c in Counter(index.task_types).items()}
     top = sorted(boosts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_BOOSTED]
     entropy = state.sampler.entropy()
     state.history.append(
@@ -189,6 +190,10 @@ def aiw_round(
     )
     metrics = {f"aiw/fail/{name}": float(counts.get(name, 0)) for name in taxonomy(family)}
     metrics.update({f"aiw/share/{tt}": v for tt, v in share.items()})
+    # how far AIW moved each task type from its share of the pool (what uniform sampling would give)
+    metrics.update({f"aiw/shift/{tt}": v - pool_share[tt] for tt, v in share.items()})
+    if pairs:
+        metrics["aiw/top_type_share"] = max(counts.values()) / len(pairs)
     metrics.update(
         {
             "aiw/n_failed": float(len(pairs)),
