@@ -1,6 +1,7 @@
 """WIA's extra wall time per iteration: `roleagent` (WIA on, AIW off) against `gigpo`, same settings, same run.
 
     python benchmarks/overhead.py [--regime demo|paper] [--iterations 3] [--aiw] [--model runs/demo/hf_warmstart]
+                                  [--unshared]
 
 Both runs start from the same warm-started demo model (the demo's `hf_warmstart` when it exists, so the
 predictor writes realistic predictions; otherwise a short warm start each); the first iteration
@@ -17,7 +18,13 @@ CPU cores; `--tasks`, `--group-size`, `--max-steps` and `--reasoning-tokens 512`
 Besides seconds, the JSON reports per iteration the decoded row-tokens (generated tokens summed over
 rows) and the prefilled prompt tokens (a sharing group's common prefix counted once): what a
 memory-bound accelerator pays, where extra rows in a decode step cost little; on a CPU every row costs
-compute. The paper reports 5.2% for WIA + AIW together. Last line: one JSON object.
+compute. The paper reports 5.2% for WIA + AIW together.
+
+`--unshared` also times `roleagent` the way generation worked before shared prefixes: every row
+prefills and attends over its own prompt, and predictor rows are decoded to the end within their
+step's call, at the full `wia.max_tokens` budget (no background rows, no cap from the observations
+seen). Its generation seconds against the shared run's are what sharing saves. Last line: one JSON
+object.
 """
 
 from __future__ import annotations
@@ -65,8 +72,9 @@ class CountedSampler:
     """Stands in for `Sampler.generate`: counts what each call decodes and prefills and, with
     `reasoning` > 0, forces every agent row to decode that many reasoning tokens first (see above)."""
 
-    def __init__(self, sampler, reasoning: int):
+    def __init__(self, sampler, reasoning: int, unshared_budget: int = 0):
         self.sampler, self.generate, self.reasoning = sampler, sampler.generate, reasoning
+        self.unshared_budget = unshared_budget  # > 0: strip sharing, predictor rows at this budget
         self.counts = {"decoded_row_tokens": 0, "prefilled_tokens": 0, "decode_steps": 0, "calls": 0}
 
     def _call(self, params, requests, sampling, rng):
@@ -78,6 +86,13 @@ class CountedSampler:
         return out
 
     def __call__(self, params, requests, sampling, rng):
+        if self.unshared_budget:
+            requests = [
+                replace(r, group=None, background=False, max_new_tokens=self.unshared_budget)
+                if r.role == "predictor"
+                else replace(r, group=None)
+                for r in requests
+            ]
         agent = [i for i, r in enumerate(requests) if r.role == "agent"]
         if not self.reasoning or not agent:
             return self._call(params, requests, sampling, rng)
@@ -106,12 +121,12 @@ class CountedSampler:
         return out
 
 
-def time_iterations(config, reasoning: int) -> dict[str, list[float]]:
+def time_iterations(config, reasoning: int, unshared: bool = False) -> dict[str, list[float]]:
     """Per iteration: wall seconds, generation seconds, and the sampler's counts."""
     from roleagent_jax.trainer import Trainer
 
     trainer = Trainer(config)
-    counted = CountedSampler(trainer.sampler, reasoning)
+    counted = CountedSampler(trainer.sampler, reasoning, config.wia.max_tokens if unshared else 0)
     trainer.sampler.generate = counted
     out: dict[str, list[float]] = {"seconds": [], "generate_seconds": []}
     try:
@@ -142,6 +157,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: demo 8, paper 4)")
     parser.add_argument("--group-size", type=int, default=0, help="rollouts per task (0: demo 8, paper 4)")
     parser.add_argument("--max-steps", type=int, default=0, help="steps per episode (0: demo 20, paper 6)")
+    parser.add_argument("--unshared", action="store_true", help="also time roleagent without sharing")
     default_model = ROOT / "runs" / "demo" / "hf_warmstart"
     parser.add_argument(
         "--model",
@@ -153,8 +169,10 @@ def main() -> None:
         paper = args.regime == "paper"
         reasoning = args.reasoning_tokens if paper else 0
         results: dict[str, dict[str, float]] = {}
-        for algo in ("gigpo", "roleagent"):
-            c = base_config(Path(tmp) / algo, args.iterations + 1, args.model)
+        runs = ["gigpo", "roleagent"] + (["roleagent_unshared"] if args.unshared else [])
+        for name in runs:
+            algo = name.removesuffix("_unshared")
+            c = base_config(Path(tmp) / name, args.iterations + 1, args.model)
             c.env.gen.dir = str(Path(tmp) / "games")
             c.algo = algo
             c.aiw.enabled = args.aiw
@@ -164,15 +182,17 @@ def main() -> None:
             if paper:
                 c.wia.max_tokens = 128
                 c.rollout.max_response_tokens += reasoning  # the action's budget follows the reasoning
-            measured = {k: v[1:] for k, v in time_iterations(c, reasoning).items()}
-            results[algo] = {k: float(np.mean(v)) for k, v in measured.items()}
+            timed = time_iterations(c, reasoning, unshared=name != algo)
+            measured = {k: v[1:] for k, v in timed.items()}
+            res = results[name] = {k: float(np.mean(v)) for k, v in measured.items()}
             times = measured["seconds"]
             print(
-                f"{algo:10s} {results[algo]['seconds']:.2f} s/iteration  ({', '.join(f'{t:.2f}' for t in times)});"
-                f" generation {results[algo]['generate_seconds']:.2f} s,"
-                f" {results[algo]['decoded_row_tokens']:.0f} decoded row-tokens,"
-                f" {results[algo]['prefilled_tokens']:.0f} prefilled tokens,"
-                f" {results[algo]['decode_steps']:.0f} decode steps per iteration"
+                f"{name:10s} {res['seconds']:.2f} s/iteration  ({', '.join(f'{t:.2f}' for t in times)});"
+                f" generation {res['generate_seconds']:.2f} s,"
+                f" {res['decoded_row_tokens']:.0f} decoded row-tokens,"
+                f" {res['prefilled_tokens']:.0f} prefilled tokens,"
+                f" {res['decode_steps']:.0f} decode steps per iteration",
+                flush=True,
             )
     g, r = results["gigpo"], results["roleagent"]
     overhead = r["seconds"] / g["seconds"] - 1.0
@@ -192,6 +212,15 @@ def main() -> None:
     }
     if paper:
         record["reasoning_tokens"] = reasoning
+    if args.unshared:
+        u = results["roleagent_unshared"]
+        record["unshared_s_per_iter"] = u["seconds"]
+        record["unshared_generate_seconds_per_iter"] = u["generate_seconds"]
+        record["sharing_generate_saving"] = 1.0 - r["generate_seconds"] / u["generate_seconds"]
+        print(
+            f"roleagent generation with sharing {r['generate_seconds']:.2f} s vs unshared "
+            f"{u['generate_seconds']:.2f} s per iteration: {100 * record['sharing_generate_saving']:.0f}% less"
+        )
     for name in ("generate_seconds", "decoded_row_tokens", "prefilled_tokens", "decode_steps"):
         record[f"gigpo_{name}_per_iter"] = g[name]
         record[f"roleagent_{name}_per_iter"] = r[name]
