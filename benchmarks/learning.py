@@ -110,7 +110,11 @@ def main() -> None:
     parser.add_argument("--panel", type=int, default=0, help="fresh unseen games per extra panel (0 = off)")
     parser.add_argument("--draws", type=int, default=2, help="sampling seeds on the extra panel")
     parser.add_argument(
-        "--algos", nargs="+", choices=PRESETS, default=list(DEFAULT_ALGOS), help="presets to compare"
+        "--algos",
+        nargs="*",
+        choices=PRESETS,
+        default=list(DEFAULT_ALGOS),
+        help="presets to compare (none: warm starts only)",
     )
     args = parser.parse_args()
     if args.panel < 0 or args.draws < 1:
