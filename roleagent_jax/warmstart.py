@@ -213,6 +213,7 @@ def run_sft(
         params, opt_state, losses = state["params"], state["opt_state"], [float(x) for x in host["losses"]]
         for _ in losses:  # the batches the saved steps consumed
             next(batches)
+        print(f"warm start: resumed from {checkpoint.directory} at step {len(losses)} of {steps}", flush=True)
     todo = range(len(losses), steps)
     iterator = todo if progress is None else progress(todo)
     for _ in iterator:

@@ -91,6 +91,32 @@ def test_same_seed_same_files_and_other_seed_differs(tmp_path):
         procgen.generate(tmp_path / "a", 4, seed=11, pool="seen")
 
 
+def test_a_kill_while_the_manifest_is_written_leaves_a_set_made_again(tmp_path, monkeypatch):
+    """The manifest is what marks a set as made: a kill halfway through writing it must not leave a
+    half file that the next run reads (it would fail on every restart), only games to make again."""
+
+    class Killed(Exception):
+        pass
+
+    write_text = Path.write_text
+
+    def cut_short(self, text, *args, **kwargs):
+        if self.name.startswith("manifest.json"):
+            write_text(self, text[: len(text) // 2], *args, **kwargs)
+            raise Killed
+        return write_text(self, text, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", cut_short)
+        with pytest.raises(Killed):
+            procgen.generate(tmp_path / "killed", 2, seed=11, pool="seen")
+    again = procgen.generate(tmp_path / "killed", 2, seed=11, pool="seen")
+    clean = procgen.generate(tmp_path / "clean", 2, seed=11, pool="seen")
+    files = lambda s: [Path(f).read_bytes() for f in s.game_files]  # noqa: E731
+    assert files(again) == files(clean)
+    assert (again.folder / "manifest.json").read_bytes() == (clean.folder / "manifest.json").read_bytes()
+
+
 def test_parallel_generation_writes_the_same_files_as_serial(tmp_path, monkeypatch):
     """Games made in worker processes are byte-identical to those made one by one (manifest included)."""
     serial = procgen.generate(tmp_path / "serial", 8, seed=5, pool="unseen", workers=1)

@@ -613,7 +613,9 @@ def generate(out_dir: str | os.PathLike, n: int, seed: int, pool: str = "seen", 
     games = [rel for rel, _ in made]
     plans = dict(made)
     manifest = {"params": params, "games": sorted(games), "expert_plans": plans}
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp = manifest_path.with_suffix(".json.tmp")  # a kill mid-write leaves no half manifest to trust
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp.replace(manifest_path)
     return GeneratedSet(folder, sorted(str(folder / g) for g in games), manifest)
 
 
