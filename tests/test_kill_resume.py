@@ -2,7 +2,8 @@
 resumes and ends exactly where an uninterrupted one does (final weights, every metric, AIW state).
 
 The kills come from tests/kill_in_phase.py, which wraps the phase's function and runs the CLI. All the
-tests share one uninterrupted reference run of the same command.
+tests share one uninterrupted reference run of the same command. All are slow (`pytest -m slow`); the
+default suite keeps one kill: tests/test_bad_inputs.py's killed warm start.
 """
 
 import json
@@ -128,6 +129,7 @@ def test_a_kill_in_an_aiw_round_resumes_exactly(tmp_path, reference):
     resume_and_compare(workdir, reference, f"resumed from {workdir / 'checkpoints'} at iteration 1")
 
 
+@pytest.mark.slow
 def test_a_kill_while_a_checkpoint_is_written_resumes_exactly(tmp_path, reference):
     """Killed with checkpoint step 2 in orbax's temporary folder, after iteration 2 logged its metrics and
     appended its failure records: the resumed run ignores the half-made step, drops that metrics line

@@ -108,6 +108,7 @@ def _check_group(tmp: Path, extra: list[str], atol: float) -> None:
     assert np.all(np.isfinite(a["__loss__"])) and a["__loss__"].shape[0] == 2
 
 
+@pytest.mark.slow
 def test_two_processes_train_step_identical_params(tmp_path):
     """The project's PPO train step (AdamW, 2 micro-batches, KL) on a 2-process fsdp mesh: processes
     agree bit for bit, and with one process up to summation order."""

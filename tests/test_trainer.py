@@ -123,6 +123,7 @@ def test_each_setup_phase_and_evaluation_prints_a_progress_line(tmp_path, capsys
     assert "hidden" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_two_plus_two_iterations_equal_four(tmp_path):
     full_state, full_host, full_sampler = run_trainer(tiny_config(tmp_path / "full", 4))
     run_trainer(tiny_config(tmp_path / "split", 2))
@@ -138,6 +139,7 @@ def test_two_plus_two_iterations_equal_four(tmp_path):
     assert len(lines) == len((tmp_path / "full" / "failure_memory.jsonl").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monkeypatch):
     """Resuming a finished run reports its stored evaluation; extending it evaluates the new model."""
     from roleagent_jax.trainer import Trainer
@@ -167,6 +169,7 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
     assert after(2) == 2.0 and evaluated_at == [1, 2]
 
 
+@pytest.mark.slow
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""

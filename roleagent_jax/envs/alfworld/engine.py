@@ -320,6 +320,15 @@ class AlfWorldEnv:
         self._last = self._observe(state, WIN_REWARD if won else 0.0, self._done)
         return self._last
 
+    def entities(self) -> set[str]:
+        """Every object and receptacle of the loaded game ('apple 1'), read from the game itself, seen or
+        not: the ground truth against which a claim that an episode named something absent is checked."""
+        if self._env is None:
+            raise RuntimeError("entities() before reset()")
+        demangler = self._env._wrapped_env  # AlfredInfos wraps the demangler that names the entities
+        names = (info.name for info in demangler._entity_infos.values() if info.name)
+        return {n for n in names if re.fullmatch(r"[a-z]+ \d+", n) and not n.startswith(("loc ", "agent"))}
+
     def _observe(self, state, reward: float, done: bool) -> Observation:
         obs = state.feedback
         plan = None
