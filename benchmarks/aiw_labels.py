@@ -28,7 +28,7 @@ from roleagent_jax.envs import get_family  # noqa: E402
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv  # noqa: E402
 from roleagent_jax.trainer import make_task_pool  # noqa: E402
 
-_ABSENT = re.compile(r"names ([a-z]+ \d+), which is not in the room")
+_ABSENT = re.compile(r"names ([a-z]+ \d+), which nothing in the episode showed")
 
 
 def label_mix(records: list[dict]) -> dict[int, Counter]:

@@ -314,3 +314,22 @@ def test_parser_memo_is_applied_by_the_worker_start_not_by_an_import():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_entities_are_the_games_own_including_unseen_ones(tmp_path):
+    """The ground truth of what a game holds: every entity its text ever shows, and more than the first
+    observation shows (objects inside closed receptacles, on places not visited yet)."""
+    pool = generated_pool(tmp_path, n=6, seed=3)
+    env = AlfWorldEnv(max_steps=50)
+    for task in pool.tasks:
+        obs = env.reset(task)
+        truth = env.entities()
+        shown = set(re.findall(r"[a-z]+ \d+", obs.text))
+        for cmd in task.expert_plan:
+            obs = env.step(cmd)
+            shown |= set(re.findall(r"[a-z]+ \d+", obs.text + " " + cmd))
+        assert obs.won
+        assert shown <= truth, shown - truth
+        first = set(re.findall(r"[a-z]+ \d+", env.reset(task).text))
+        assert first < truth
+        assert not any(name.startswith(("loc ", "agent")) for name in truth)

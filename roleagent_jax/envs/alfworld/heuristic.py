@@ -151,7 +151,7 @@ def _absent_entity(f: _Facts) -> _Hit | None:
             args = [a for a in _arguments(e.action) if _ENTITY.fullmatch(a)]
             missing = [a for a in args if a not in f.known and _kind(a) not in named]
             if missing:
-                return e.step, f"'{e.action}' names {missing[0]}, which is not in the room"
+                return e.step, f"'{e.action}' names {missing[0]}, which nothing in the episode showed"
     return None
 
 
