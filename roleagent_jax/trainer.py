@@ -435,7 +435,9 @@ class Trainer:
             nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
         )
         self._write_prompt_settings(self.workdir / "hf_warmstart")
-        self.host.update(warm_started=True, sft_losses=losses[:: max(1, len(losses) // 50)])
+        stride = max(1, len(losses) // 50)  # ~50 points for the report, always ending on the last loss
+        kept = list(losses[::stride]) + ([losses[-1]] if (len(losses) - 1) % stride else [])
+        self.host.update(warm_started=True, sft_losses=kept)
         print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 
     def iteration(self, it: int) -> dict:

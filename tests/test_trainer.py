@@ -242,7 +242,8 @@ def run_cmd(args: list[str], timeout: float | None = None) -> subprocess.Complet
 
 def test_demo_cli_end_to_end(tmp_path):
     """The shortened demo: warm start, evaluation before/after, one RL iteration, report, HF export."""
-    out = run_cmd(cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false"), 900)
+    steps = "--config.warmstart.steps=102"  # the report keeps every 2nd loss: the last must still be there
+    out = run_cmd(cli(tmp_path / "run", "--config.iterations=1", "--config.log.progress=false", steps), 900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary["eval"]) == {"before", "after"}
@@ -250,6 +251,8 @@ def test_demo_cli_end_to_end(tmp_path):
     assert "success before -> after RL" in out.stdout
     report = Path(summary["report"])
     assert report.exists() and (report.parent / "before_after.png").exists()
+    printed = re.search(r"warm start: \d+ examples, loss (\S+) -> (\S+)", out.stdout).groups()
+    assert f"Warm start loss: {printed[0]} -> {printed[1]}" in report.read_text()  # the same last loss
     assert (Path(summary["final_model"]) / "model.safetensors").exists()
     assert list((tmp_path / "run" / "logs" / "tb").glob("events.out.tfevents.*"))
     from transformers import AutoModelForCausalLM
