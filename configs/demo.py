@@ -63,8 +63,9 @@ def get_config():
     c.wia.max_tokens = 48
 
     c.aiw.analyser = "heuristic"
-    c.aiw.retrieval = "fuzzy"  # sampler settings from configs/base.py (eta 1, epsilon 0.2, cap 0.05): at
-    # eta 0.3 / epsilon 0.5 the type shares stayed within a point of uniform, at these they move 5-35
+    c.aiw.retrieval = "fuzzy"
+    # The task sampler keeps configs/base.py's eta 1, epsilon 0.2, cap 0.05: at eta 0.3 / epsilon 0.5 the
+    # type shares stayed within a point of uniform, at these they move 5-35 points (docs/experiments.md).
 
     c.warmstart.steps = 750
     c.warmstart.lr = 3e-3
