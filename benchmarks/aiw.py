@@ -1,6 +1,7 @@
 """How right are AIW's failure labels? The ALFWorld heuristic analyser against faulty experts.
 
     python benchmarks/aiw.py [--games 36] [--max-steps 30] [--gen-dir DIR] [--compare OLD_HEURISTIC.py]
+                             [--checkpoint MODEL_DIR]
 
 Generates games of every task type (known expert plans), plays each with every faulty expert that
 applies (envs/alfworld/faulty.py: one known mistake each, played through the episode loop), and
@@ -9,6 +10,11 @@ precision/recall table and, as the last line, one JSON object {"bench": "aiw", "
 "macro_recall", ...}; the macro averages run over the types some faulty expert makes (the types no
 expert makes are listed as "unobserved"). `--compare` labels the same set with another heuristic
 module (a file path) and prints its label mix too, for a before/after view.
+
+`--checkpoint` also asks a saved model (a Hugging Face folder such as `<workdir>/hf_final`) to analyse
+every trajectory with the analyst prompt the training loop uses (greedy, `aiw.max_tokens` tokens) and
+reports its parse rate (answers that name a failure type of the taxonomy) and, on all trajectories,
+its accuracy and macro precision / recall, an unusable answer counting as wrong (`model_*` keys).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import tempfile
 import time
 from collections import Counter
 
+from roleagent_jax.aiw.taxonomy import UNKNOWN
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
 from roleagent_jax.envs.alfworld.faulty import play_faulty
@@ -48,6 +55,29 @@ def mix(labels: list[str]) -> str:
     return ", ".join(f"{k} {v / n:.0%}" for k, v in Counter(labels).most_common())
 
 
+def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int, batch: int = 32) -> list:
+    """The model's own analyses of `trajectories`, parsed: what the `llm` analyser sees in training."""
+    import jax
+
+    from roleagent_jax.aiw.loop import analysis_request
+    from roleagent_jax.aiw.report_parser import parse_failure_report
+    from roleagent_jax.policy import ModelPolicy
+    from roleagent_jax.sampling import SamplingParams
+
+    policy = ModelPolicy(checkpoint, family, temperature=0.0)
+    reports = []
+    for start in range(0, len(trajectories), batch):
+        requests = [
+            analysis_request(t, family, policy.encode, max_tokens)
+            for t in trajectories[start : start + batch]
+        ]
+        results = policy.sampler.generate(
+            policy.params, requests, SamplingParams(temperature=0.0), jax.random.PRNGKey(start)
+        )
+        reports += [parse_failure_report(r.text, family) for r in results]
+    return reports
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--games", type=int, default=36, help="generated games (task types in turn)")
@@ -55,14 +85,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gen-dir", default=None, help="where generated games go (default: a temp folder)")
     ap.add_argument("--compare", default=None, help="another heuristic module file to label the set with")
+    ap.add_argument("--checkpoint", default=None, help="a saved model (HF folder) to analyse the set too")
+    ap.add_argument("--max-tokens", type=int, default=256, help="the model analyst's answer length")
     args = ap.parse_args()
 
     start = time.perf_counter()
     gen_dir = args.gen_dir or tempfile.mkdtemp(prefix="aiw_bench_")
     pool = generated_pool(gen_dir, n=args.games, seed=args.seed)
-    labelled = play_faulty(
-        get_family("alfworld"), pool, AlfWorldEnv(args.max_steps), max_steps=args.max_steps
-    )
+    family = get_family("alfworld")
+    labelled = play_faulty(family, pool, AlfWorldEnv(args.max_steps), max_steps=args.max_steps)
     truth = [label for _, _, label in labelled]
     pred = [heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
     seconds = time.perf_counter() - start
@@ -85,6 +116,18 @@ def main() -> None:
             "compare_macro_recall": round(sum(r["recall"] for r in old.values()) / len(old), 4),
         }
         print(f"{args.compare}: {mix(before)}; macro precision/recall {list(compare.values())}")
+    model: dict[str, float | int] = {}
+    if args.checkpoint:
+        reports = model_labels(args.checkpoint, family, [tr for tr, _, _ in labelled], args.max_tokens)
+        said = [r.failure_type for r in reports]
+        own = scores(truth, said, observed)
+        model = {
+            "model_parse_rate": round(sum(r.failure_type != UNKNOWN for r in reports) / len(reports), 4),
+            "model_accuracy": round(sum(a == b for a, b in zip(truth, said)) / len(truth), 4),
+            "model_macro_precision": round(sum(r["precision"] for r in own.values()) / len(own), 4),
+            "model_macro_recall": round(sum(r["recall"] for r in own.values()) / len(own), 4),
+        }
+        print(f"model analyst ({args.checkpoint}): {mix(said)}; {model}")
     print(f"{'failure type':32s} {'precision':>9s} {'recall':>7s} {'support':>7s}")
     for t, row in table.items():
         print(f"{t:32s} {row['precision']:9.3f} {row['recall']:7.3f} {row['support']:7d}")
@@ -103,6 +146,7 @@ def main() -> None:
                 "unobserved": sorted(set(FAILURE_TYPES) - set(observed)),
                 "seconds": round(seconds, 1),
                 **compare,
+                **model,
             }
         )
     )
