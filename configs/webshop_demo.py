@@ -19,7 +19,9 @@ def get_config():
 
     c.env.name = "webshop"
     del c.env["alfworld"]
-    c.env.webshop = {"n_products": 300}  # 120 goals per seen split, 60 unseen
+    # 120 goals per seen split, 60 unseen; 5 results a page (WebShop: 10) halve the longest prompts, and
+    # the expert's search still finds every goal's product on the first page
+    c.env.webshop = {"n_products": 300, "page_size": 5}
     c.env.train_split = "gen_train"
     c.env.eval_splits = ("gen_test", "gen_unseen")
     c.env.max_steps = 15
@@ -27,9 +29,11 @@ def get_config():
     c.env.gen.n_train = 120
     c.env.gen.n_eval = 48  # per split; one goal = 2.1 points
 
-    c.rollout.max_prompt_tokens = 768
+    c.rollout.max_prompt_tokens = 640  # the longest prompt of a 5-result page is about 560 tokens
     c.rollout.max_response_tokens = 40
     c.wia.max_tokens = 64
 
     c.warmstart.n_games = 120
+    c.warmstart.steps = 300  # x 16 rows: about 6 epochs of the expert's ~740 examples
+    c.warmstart.batch_rows = 16
     return c

@@ -425,6 +425,7 @@ class Trainer:
             progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
             checkpoint=ckpt,
             checkpoint_every=every,
+            predictor_target_tokens=c.wia.max_tokens,
         )
         if ckpt is not None:
             ckpt.close()

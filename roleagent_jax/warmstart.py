@@ -189,12 +189,17 @@ def run_sft(
     progress: Callable | None = None,
     checkpoint=None,
     checkpoint_every: int = 0,
+    predictor_target_tokens: int = 0,
 ):
     """Adam on the examples for `steps` steps; returns (params, per-step losses).
 
     With a `checkpoint` (a `checkpointing.Checkpointer`), the parameters, optimizer state and losses are
     saved every `checkpoint_every` steps, and a run that finds a saved step continues from it: the batch
-    order is re-derived from `seed`, so the result equals that of an uninterrupted run."""
+    order is re-derived from `seed`, so the result equals that of an uninterrupted run.
+
+    `predictor_target_tokens` > 0 cuts predictor targets to the tokens a prediction may have in RL: a
+    whole results page would cost a few hundred tokens of compute per example for text the sampler
+    never lets the predictor write."""
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
     optimizer = optax.chain(
@@ -204,6 +209,10 @@ def run_sft(
     step_fn = make_sft_step(graphdef, optimizer, jax.tree.map(lambda x: x.sharding, params))
     prompts = [encode_prompt(e.prompt) for e in examples]
     targets = [encode_target(e.target) for e in examples]
+    if predictor_target_tokens > 0:
+        targets = [
+            t[:predictor_target_tokens] if e.role == "predictor" else t for e, t in zip(examples, targets)
+        ]
     rng = np.random.default_rng(seed)
     batches = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
     losses: list[float] = []

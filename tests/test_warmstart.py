@@ -101,3 +101,44 @@ def test_length_grouped_batches_cover_every_row_once_per_epoch_with_little_paddi
         assert padded < 0.8 * random_padded  # the point of grouping
     tiny = length_grouped_batches([5, 9], 4, np.random.default_rng(0))
     assert next(tiny).shape == (4,) and set(next(tiny).tolist()) <= {0, 1}  # fewer rows than a batch
+
+
+def test_predictor_targets_are_cut_to_the_tokens_rl_lets_a_prediction_have():
+    import jax
+    from flax import nnx
+
+    from roleagent_jax.models.config import Qwen2Config
+    from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
+    from roleagent_jax.warmstart import Example, run_sft
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+
+    def encode(text: str) -> list[int]:  # one token per character, so a cut text is a cut token list
+        return [1 + (ord(ch) % 60) for ch in text]
+
+    def examples(cut: int | None) -> list[Example]:
+        out = []
+        for i in range(8):
+            out.append(Example(f"room {i}", f"take key {i} from the drawer", "agent"))
+            out.append(
+                Example(f"predict {i}", f"you see a long page of items {i} and more"[:cut], "predictor")
+            )
+        return out
+
+    def sft(exs, n):
+        return run_sft(
+            graphdef, params, exs, encode, encode, 0, steps=3, batch_rows=4, lr=1e-2, seed=1,
+            predictor_target_tokens=n,
+        )  # fmt: skip
+
+    cut, cut_losses = sft(examples(None), 6)
+    ref, ref_losses = sft(examples(6), 0)  # the same examples with the predictor targets cut by hand
+    whole, whole_losses = sft(examples(None), 0)
+    assert cut_losses == pytest.approx(ref_losses, rel=1e-6)
+    assert cut_losses != pytest.approx(whole_losses, rel=1e-3)
+    for a, b in zip(jax.tree.leaves(cut), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -65,6 +65,30 @@ def test_env_plays_a_stored_plan_and_reports_score(fam, gen_dir):
         env.reset(Task("x", "food", "g", payload="nope"))
 
 
+def test_page_size_option_shortens_results_pages_and_the_expert_still_wins(fam, gen_dir):
+    opts = {"n_products": 200, "page_size": 3}
+    tasks = fam.task_pool("gen_test", gen_dir=gen_dir, n=20, seed=0, options=opts).tasks
+    default = _pool(fam, gen_dir, "gen_test").tasks
+    assert [t.id for t in tasks] == [t.id for t in default]  # the same goals, paged differently
+    env = fam.make_env(15)
+    wins, lengths = 0, []
+    for task in tasks:
+        obs = env.reset(task)
+        for action in task.expert_plan:
+            obs = env.step(action)
+            if obs.info["page"] == "results":
+                lengths.append(sum(a.startswith("click[b0") for a in obs.admissible))
+        wins += obs.won
+    assert wins == len(tasks) and lengths and max(lengths) == 3
+    env.reset(tasks[0])
+    first = [a for a in env.step(tasks[0].expert_plan[0]).admissible if a.startswith("click[b0")]
+    obs = env.step("click[next >]")
+    second = [a for a in obs.admissible if a.startswith("click[b0")]
+    assert "Page 2" in obs.text and len(second) == 3 and not set(first) & set(second)
+    with pytest.raises(ValueError, match="page_size"):
+        fam.task_pool("gen_test", gen_dir=gen_dir, n=2, options={**opts, "page_size": 0})
+
+
 def test_parse_action():
     page = ["click[back to search]", "click[next >]", "click[b0abc]"]
     assert parse_action("<think>x</think><action>click[Next >]</action>", page) == ("click[next >]", True)

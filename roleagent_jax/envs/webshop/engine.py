@@ -1,6 +1,6 @@
 """The shop's pages and actions, in WebShop's text mode, without a web server.
 
-Pages: search, results (10 per page, ``< Prev`` / ``Next >``), item (option values as choices,
+Pages: search, results (10 per page as in WebShop, or `page_size`; ``< Prev`` / ``Next >``), item (option values as choices,
 ``Description`` / ``Features`` / ``Reviews``, ``Buy Now``), the item's sub-pages, and the done page.
 A page is its visible strings joined by `` [SEP] ``, as WebShop's "simple" text mode renders it,
 less the instruction header (the prompt states the task once; verl-agent strips it the same way), and
@@ -93,11 +93,14 @@ class _State:
 class ShopSession:
     """One shopper on one goal at a time: reset(goal index) -> (obs, info); step(action) -> (obs, r, done, info)."""
 
-    def __init__(self, shop: Shop, max_steps: int = MAX_STEPS):
+    def __init__(self, shop: Shop, max_steps: int = MAX_STEPS, page_size: int = PAGE_SIZE):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.shop = shop
         self.max_steps = max_steps
+        self.page_size = page_size
         self.goal: dict = {}
         self.goal_index = -1
         self.state = _State()
@@ -110,7 +113,7 @@ class ShopSession:
 
     def _page_items(self) -> list[str]:
         s = self.state
-        return s.results[(s.page_no - 1) * PAGE_SIZE : s.page_no * PAGE_SIZE]
+        return s.results[(s.page_no - 1) * self.page_size : s.page_no * self.page_size]
 
     def render(self) -> str:
         s = self.state
@@ -297,7 +300,7 @@ def expert_action(session: ShopSession) -> str:
             target = max(s.results, key=lambda a: _score_of(session, a))
         if target not in s.results:
             return f"click[{BACK_TO_SEARCH}]"
-        where = s.results.index(target) // PAGE_SIZE + 1
+        where = s.results.index(target) // session.page_size + 1
         if where == s.page_no:
             return f"click[{target.lower()}]"
         return f"click[{NEXT_PAGE if where > s.page_no else PREV_PAGE}]"

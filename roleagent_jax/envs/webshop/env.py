@@ -11,16 +11,18 @@ from dataclasses import dataclass
 
 from roleagent_jax.envs.base import Observation, Task
 from roleagent_jax.envs.webshop.catalog import PRODUCTS_FILE, Catalogue
-from roleagent_jax.envs.webshop.engine import MAX_STEPS, Shop, ShopSession, expert_action
+from roleagent_jax.envs.webshop.engine import MAX_STEPS, PAGE_SIZE, Shop, ShopSession, expert_action
 
 
 @dataclass(frozen=True)
 class GoalRef:
-    """Where a goal lives: the shop folder, the seed of its prices and price caps, the goal's index."""
+    """Where a goal lives: the shop folder, the seed of its prices and price caps, the goal's index, and
+    how many results a page shows."""
 
     folder: str
     seed: int
     index: int
+    page_size: int = PAGE_SIZE
 
 
 _SHOPS: dict[tuple, Shop] = {}
@@ -49,8 +51,8 @@ class WebShopEnv:
         if not isinstance(ref, GoalRef):
             raise ValueError(f"task {task.id!r} has no WebShop goal reference as payload")
         shop = load_shop(ref.folder, ref.seed)
-        if self.session is None or self.session.shop is not shop:
-            self.session = ShopSession(shop, self.max_steps)
+        if self.session is None or self.session.shop is not shop or self.session.page_size != ref.page_size:
+            self.session = ShopSession(shop, self.max_steps, ref.page_size)
         self.expert = bool(expert)
         text, info = self.session.reset(ref.index)
         return self._observation(text, 0.0, info)

@@ -19,7 +19,7 @@ from roleagent_jax.envs.base import Family, Task, TaskPool
 from roleagent_jax.envs.webshop import generate as gen
 from roleagent_jax.envs.webshop import heuristic, prompts
 from roleagent_jax.envs.webshop.catalog import Catalogue, data_dir_of
-from roleagent_jax.envs.webshop.engine import MAX_STEPS, ShopSession, expert_action
+from roleagent_jax.envs.webshop.engine import MAX_STEPS, PAGE_SIZE, ShopSession, expert_action
 from roleagent_jax.envs.webshop.env import GoalRef, WebShopEnv, load_shop
 from roleagent_jax.envs.webshop.taxonomy import FAILURE_KEYWORDS, FAILURE_TYPES
 
@@ -63,7 +63,7 @@ class WebShop(Family):
     has_expert = True
     data_splits = REAL_SPLITS
     generated_splits = GEN_SPLITS
-    gen_options = {"n_products": 1000}
+    gen_options = {"n_products": 1000, "page_size": PAGE_SIZE}  # page_size: results per page (WebShop: 10)
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = (
         "You review a failed attempt at buying a product in a web shop and explain why it failed."
@@ -86,8 +86,11 @@ class WebShop(Family):
         options: Mapping[str, Any] | None = None,
         on_corrupt: str = "fail",
     ) -> TaskPool:
+        opts = self.resolve_options(options)
+        page_size = int(opts["page_size"])
+        if page_size < 1:
+            raise ValueError(f"env option page_size must be >= 1, got {page_size}")
         if split in GEN_SPLITS:
-            opts = self.resolve_options(options)
             n_products = int(opts["n_products"])
             folder = Path(gen_dir or default_gen_dir()) / f"shop_seed{seed}_p{n_products}"
             made = gen.generate(folder, seed, n_products)
@@ -99,23 +102,25 @@ class WebShop(Family):
                     "raise env option n_products"
                 )
             ids = ids[: n or None]
-            session = ShopSession(shop, MAX_STEPS)
+            session = ShopSession(shop, MAX_STEPS, page_size)
             plans = {i: _expert_plan(session, i) for i in ids}
-            return self._pool(shop.catalogue, str(folder), seed, ids, plans)
+            return self._pool(shop.catalogue, str(folder), seed, ids, plans, page_size)
         if split in REAL_SPLITS:
             shop = load_shop(str(data_dir_of(data_dir)), seed)
             ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
-            return self._pool(shop.catalogue, shop.catalogue.source, seed, ids, {})
+            return self._pool(shop.catalogue, shop.catalogue.source, seed, ids, {}, page_size)
         raise ValueError(f"unknown WebShop split {split!r}; known: {', '.join(REAL_SPLITS + GEN_SPLITS)}")
 
     @staticmethod
-    def _pool(catalogue: Catalogue, folder: str, seed: int, ids: list[int], plans: dict) -> TaskPool:
+    def _pool(
+        catalogue: Catalogue, folder: str, seed: int, ids: list[int], plans: dict, page_size: int
+    ) -> TaskPool:
         tasks = [
             Task(
                 id=f"{i}:{catalogue.goals[i]['asin']}",
                 type=catalogue.goals[i]["category"],
                 goal=catalogue.goals[i]["instruction_text"],
-                payload=GoalRef(folder, seed, i),
+                payload=GoalRef(folder, seed, i, page_size),
                 expert_plan=plans.get(i),
             )
             for i in ids
