@@ -1,12 +1,16 @@
-"""WebShop's embedded default: a tiny Qwen2 learns to shop in a generated store on a laptop CPU.
+"""WebShop's embedded default: a tiny Qwen2 is trained to shop in a generated store on a laptop CPU.
 
     python -m roleagent_jax.main --config=configs/webshop_demo.py
 
 A byte-level BPE is trained on shop text, a 3-layer Qwen2 is warm-started on the expert's purchases
 (search the instruction's words, open the product, click its options, buy; agent and predictor roles),
-then Role-Agent RL (GiGPO + WIA + AIW with WebShop's heuristic analyser) improves it. Evaluation runs
-before and after RL on held-out goals of a shop of its own: seen product families (gen_test) and
-families never trained on (gen_unseen).
+then Role-Agent RL (GiGPO + WIA + AIW with WebShop's heuristic analyser) runs. Evaluation runs before
+and after RL on held-out goals of a shop of its own: seen product families (gen_test) and families never
+trained on (gen_unseen).
+
+It does not learn yet: the warm-started model memorises the training pages but does not copy the
+instruction's words into a search or a product id into a click, so it wins no held-out goal and RL sees
+no win (docs/experiments.md).
 """
 
 from configs import demo
