@@ -152,6 +152,7 @@ def get_config() -> ConfigDict:
 
     c.warmstart = ConfigDict()  # supervised warm start on expert trajectories (0 steps = off)
     c.warmstart.steps = 0
+    c.warmstart.copy_steps = 0  # steps of "repeat this random sequence" first: teaches a new model to copy
     c.warmstart.lr = 1e-3
     c.warmstart.batch_rows = 32
     c.warmstart.checkpoint_every = (

@@ -82,6 +82,7 @@ RANGES = (
     ("checkpoint.every", 0, None, True),
     ("checkpoint.keep", 1, None, True),
     ("warmstart.steps", 0, None, True),
+    ("warmstart.copy_steps", 0, None, True),
     ("warmstart.lr", 0.0, None, False),
     ("warmstart.batch_rows", 1, None, True),
     ("warmstart.checkpoint_every", 0, None, True),

@@ -404,6 +404,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
+    def _plain_token_ids(self) -> list[int]:
+        """Every token id of the tokenizer that is not a special token (what copy batches draw from)."""
+        special = set(self.tokenizer.all_special_ids)
+        return [i for i in range(len(self.tokenizer)) if i not in special]
+
     def warm_start(self) -> None:
         c = self.config
         if self.host["warm_started"] or c.warmstart.steps == 0:
@@ -426,6 +431,8 @@ class Trainer:
             checkpoint=ckpt,
             checkpoint_every=every,
             predictor_target_tokens=c.wia.max_tokens,
+            copy_steps=c.warmstart.copy_steps,
+            copy_tokens=self._plain_token_ids() if c.warmstart.copy_steps else (),
         )
         if ckpt is not None:
             ckpt.close()

@@ -174,6 +174,29 @@ def length_grouped_batches(lengths: Sequence[int], batch_rows: int, rng: np.rand
             yield batches[b]
 
 
+def copy_batches(tokens: Sequence[int], batch_rows: int, seed: int, lengths: tuple[int, int] = (16, 48)):
+    """Endless (prompts, targets) batches of "repeat this random sequence": a random run of `tokens`, a
+    separator, then the same run again as the target.
+
+    A model trained from scratch on expert text memorises it but does not learn to copy (a product id
+    from the page into a click, a name from the question into a query); trained on nothing but repeats,
+    the same tiny model forms its copying circuit within a few hundred steps (docs/experiments.md). Batch
+    i depends only on (seed, i), so a resumed warm start sees the same batches."""
+    tokens = np.asarray(tokens, np.int64)
+    if tokens.size < 2:
+        raise ValueError("copy batches need at least 2 token ids to draw from")
+    sep, pool = int(tokens[0]), tokens[1:]
+    i = 0
+    while True:
+        rng = np.random.default_rng([seed, 7, i])
+        runs = [
+            pool[rng.integers(0, pool.size, int(rng.integers(lengths[0], lengths[1] + 1)))]
+            for _ in range(batch_rows)
+        ]
+        yield [[*r.tolist(), sep] for r in runs], [r.tolist() for r in runs]
+        i += 1
+
+
 def run_sft(
     graphdef,
     params,
@@ -190,6 +213,8 @@ def run_sft(
     checkpoint=None,
     checkpoint_every: int = 0,
     predictor_target_tokens: int = 0,
+    copy_steps: int = 0,
+    copy_tokens: Sequence[int] = (),
 ):
     """Adam on the examples for `steps` steps; returns (params, per-step losses).
 
@@ -199,11 +224,15 @@ def run_sft(
 
     `predictor_target_tokens` > 0 cuts predictor targets to the tokens a prediction may have in RL: a
     whole results page would cost a few hundred tokens of compute per example for text the sampler
-    never lets the predictor write."""
+    never lets the predictor write.
+
+    `copy_steps` > 0 puts that many steps of `copy_batches` over `copy_tokens` before the examples' steps
+    (in the same optimizer run and learning-rate schedule, `copy_steps + steps` long)."""
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
+    total = copy_steps + steps
     optimizer = optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps))
+        optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, total))
     )
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(graphdef, optimizer, jax.tree.map(lambda x: x.sharding, params))
@@ -214,7 +243,17 @@ def run_sft(
             t[:predictor_target_tokens] if e.role == "predictor" else t for e, t in zip(examples, targets)
         ]
     rng = np.random.default_rng(seed)
-    batches = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
+    grouped = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
+    repeats = copy_batches(copy_tokens, batch_rows, seed) if copy_steps else None
+
+    def batches():
+        for _ in range(copy_steps):
+            yield next(repeats)
+        while True:
+            idx = next(grouped)
+            yield [prompts[i] for i in idx], [targets[i] for i in idx]
+
+    batches = batches()
     losses: list[float] = []
     restored = checkpoint.restore({"params": params, "opt_state": opt_state}) if checkpoint else None
     if restored is not None:
@@ -222,14 +261,12 @@ def run_sft(
         params, opt_state, losses = state["params"], state["opt_state"], [float(x) for x in host["losses"]]
         for _ in losses:  # the batches the saved steps consumed
             next(batches)
-        print(f"warm start: resumed from {checkpoint.directory} at step {len(losses)} of {steps}", flush=True)
-    todo = range(len(losses), steps)
+        print(f"warm start: resumed from {checkpoint.directory} at step {len(losses)} of {total}", flush=True)
+    todo = range(len(losses), total)
     iterator = todo if progress is None else progress(todo)
     for _ in iterator:
-        idx = next(batches)
-        packed = pack_rows(
-            [prompts[i] for i in idx], [targets[i] for i in idx], pad_id, length_bucket=_SFT_LENGTHS
-        )
+        batch_prompts, batch_targets = next(batches)
+        packed = pack_rows(batch_prompts, batch_targets, pad_id, length_bucket=_SFT_LENGTHS)
         batch = {k: jnp.asarray(packed[k]) for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
         params, opt_state, loss = step_fn(params, opt_state, batch)
         losses.append(float(loss))
