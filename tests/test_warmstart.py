@@ -142,3 +142,73 @@ def test_predictor_targets_are_cut_to_the_tokens_rl_lets_a_prediction_have():
     assert cut_losses != pytest.approx(whole_losses, rel=1e-3)
     for a, b in zip(jax.tree.leaves(cut), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_copy_batches_repeat_a_random_run_and_depend_only_on_seed_and_index():
+    from roleagent_jax.warmstart import copy_batches
+
+    tokens = list(range(10, 60))
+    first = [next(b) for b in [copy_batches(tokens, 4, seed=3)] for _ in range(3)]
+    again = copy_batches(tokens, 4, seed=3)
+    assert [next(again) for _ in range(3)] == first
+    assert next(copy_batches(tokens, 4, seed=4)) != first[0]
+    for prompts, targets in first:
+        assert len(prompts) == len(targets) == 4
+        for p, t in zip(prompts, targets):
+            assert p == [*t, 10] and 16 <= len(t) <= 48 and set(t) <= set(range(11, 60))
+    with pytest.raises(ValueError, match="at least 2"):
+        next(copy_batches([5], 4, seed=0))
+
+
+def test_copy_steps_come_first_and_a_killed_warm_start_resumes_through_them(tmp_path):
+    import jax
+    from flax import nnx
+
+    from roleagent_jax.checkpointing import Checkpointer
+    from roleagent_jax.models.config import Qwen2Config
+    from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
+    from roleagent_jax.warmstart import Example, run_sft
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+    )  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(8)]
+
+    def encode(text: str) -> list[int]:
+        return [1 + (ord(ch) % 60) for ch in text]
+
+    class Killed(Exception):
+        pass
+
+    def kill_after(n):
+        def progress(steps):
+            for i, s in enumerate(steps):
+                if i == n:
+                    raise Killed
+                yield s
+
+        return progress
+
+    def sft(copy_steps, checkpoint=None, progress=None):
+        return run_sft(
+            graphdef, params, examples, encode, encode, 0, steps=3, batch_rows=4, lr=1e-2, seed=2,
+            progress=progress, checkpoint=checkpoint, checkpoint_every=2,
+            copy_steps=copy_steps, copy_tokens=range(1, 64),
+        )  # fmt: skip
+
+    plain, plain_losses = sft(0)
+    whole, whole_losses = sft(3)
+    assert len(plain_losses) == 3 and len(whole_losses) == 6
+    assert whole_losses[0] != pytest.approx(plain_losses[0])  # the first batch is a copy batch
+    first = Checkpointer(tmp_path / "ws", keep=2)
+    with pytest.raises(Killed):
+        sft(3, first, kill_after(5))  # killed inside the examples' steps, last saved at step 4
+    first.close()
+    second = Checkpointer(tmp_path / "ws", keep=2)
+    resumed, losses = sft(3, second)
+    second.close()
+    assert losses == pytest.approx(whole_losses, rel=0, abs=0)
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
