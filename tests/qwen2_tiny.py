@@ -133,3 +133,37 @@ def sampling_qwen2(vocab: int):
                 else 0.15 * torch.randn_like(p)
             )
     return model
+
+
+def tiny_sft_model(max_positions: int = 64):
+    """(graphdef, params) of a 1-layer random Qwen2 over a 64-token vocabulary, for warm-start tests."""
+    from flax import nnx
+
+    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
+    )  # fmt: skip
+    return nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+
+
+def char_ids(text: str) -> list[int]:
+    """One token per character (ids 1-60), so cutting a text cuts its token list alike."""
+    return [1 + (ord(ch) % 60) for ch in text]
+
+
+class Killed(Exception):
+    """What `kill_after` raises in place of a SIGKILL."""
+
+
+def kill_after(n: int):
+    """A `progress` wrapper for `run_sft` that stops the loop before its n-th step, as a kill would."""
+
+    def progress(steps):
+        for i, s in enumerate(steps):
+            if i == n:
+                raise Killed
+            yield s
+
+    return progress

@@ -712,36 +712,15 @@ def test_help_names_the_common_flags_and_points_to_the_docs(module, flags):
 # the warm start: checkpoints every N steps, a kill resumes to the same result
 
 
-class Killed(Exception):
-    pass
-
-
-def kill_after(n: int):
-    def progress(steps):
-        for i, s in enumerate(steps):
-            if i == n:
-                raise Killed
-            yield s
-
-    return progress
-
-
 def test_a_killed_warm_start_resumes_to_the_same_parameters(tmp_path):
-    from flax import nnx
+    from qwen2_tiny import Killed, char_ids, kill_after, tiny_sft_model
 
     from roleagent_jax.checkpointing import Checkpointer
-    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
     from roleagent_jax.warmstart import Example, run_sft
 
-    cfg = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = tiny_sft_model()
     examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(12)]
-
-    def encode(text: str) -> list[int]:
-        return [1 + (ord(ch) % 60) for ch in text]
+    encode = char_ids
 
     def sft(checkpoint=None, progress=None):
         return run_sft(

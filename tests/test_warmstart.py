@@ -105,20 +105,12 @@ def test_length_grouped_batches_cover_every_row_once_per_epoch_with_little_paddi
 
 def test_predictor_targets_are_cut_to_the_tokens_rl_lets_a_prediction_have():
     import jax
-    from flax import nnx
+    from qwen2_tiny import char_ids as encode
+    from qwen2_tiny import tiny_sft_model
 
-    from roleagent_jax.models.config import Qwen2Config
-    from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
     from roleagent_jax.warmstart import Example, run_sft
 
-    cfg = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
-
-    def encode(text: str) -> list[int]:  # one token per character, so a cut text is a cut token list
-        return [1 + (ord(ch) % 60) for ch in text]
+    graphdef, params = tiny_sft_model()
 
     def examples(cut: int | None) -> list[Example]:
         out = []
@@ -162,34 +154,14 @@ def test_copy_batches_repeat_a_random_run_and_depend_only_on_seed_and_index():
 
 def test_copy_steps_come_first_and_a_killed_warm_start_resumes_through_them(tmp_path):
     import jax
-    from flax import nnx
+    from qwen2_tiny import Killed, kill_after, tiny_sft_model
+    from qwen2_tiny import char_ids as encode
 
     from roleagent_jax.checkpointing import Checkpointer
-    from roleagent_jax.models.config import Qwen2Config
-    from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
     from roleagent_jax.warmstart import Example, run_sft
 
-    cfg = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-    )  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = tiny_sft_model(max_positions=128)
     examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(8)]
-
-    def encode(text: str) -> list[int]:
-        return [1 + (ord(ch) % 60) for ch in text]
-
-    class Killed(Exception):
-        pass
-
-    def kill_after(n):
-        def progress(steps):
-            for i, s in enumerate(steps):
-                if i == n:
-                    raise Killed
-                yield s
-
-        return progress
 
     def sft(copy_steps, checkpoint=None, progress=None):
         return run_sft(
