@@ -1,7 +1,8 @@
 """The shop's pages and actions, in WebShop's text mode, without a web server.
 
-Pages: search, results (10 per page as in WebShop, or `page_size`; ``< Prev`` / ``Next >``), item (option values as choices,
-``Description`` / ``Features`` / ``Reviews``, ``Buy Now``), the item's sub-pages, and the done page.
+Pages: search, results (10 per page as in WebShop, or `page_size`; ``< Prev`` / ``Next >``), item
+(option values as choices, ``Description`` / ``Features`` / ``Reviews``, ``Buy Now``), the item's
+sub-pages, and the done page.
 A page is its visible strings joined by `` [SEP] ``, as WebShop's "simple" text mode renders it,
 less the instruction header (the prompt states the task once; verl-agent strips it the same way), and
 that text is the GiGPO anchor. Like WebShop's simple mode it does not mark chosen options.
