@@ -9,8 +9,8 @@ and after RL on held-out goals of a shop of its own: seen product families (gen_
 trained on (gen_unseen).
 
 It does not learn yet: the warm-started model memorises the training pages but does not copy the
-instruction's words into a search or a product id into a click, so it wins no held-out goal and RL sees
-no win (docs/experiments.md).
+instruction's words into a search or a product id into a click, and wins none of the held-out goals
+after its warm start (docs/experiments.md).
 """
 
 from configs import demo
