@@ -26,7 +26,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.common import demo_config  # noqa: E402
 from roleagent_jax.aiw.taxonomy import UNKNOWN
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
@@ -55,7 +58,7 @@ def mix(labels: list[str]) -> str:
     return ", ".join(f"{k} {v / n:.0%}" for k, v in Counter(labels).most_common())
 
 
-def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int, batch: int = 32) -> list:
+def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int) -> list:
     """The model's own analyses of `trajectories`, parsed: what the `llm` analyser sees in training."""
     import jax
 
@@ -65,17 +68,11 @@ def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int, b
     from roleagent_jax.sampling import SamplingParams
 
     policy = ModelPolicy(checkpoint, family, temperature=0.0)
-    reports = []
-    for start in range(0, len(trajectories), batch):
-        requests = [
-            analysis_request(t, family, policy.encode, max_tokens)
-            for t in trajectories[start : start + batch]
-        ]
-        results = policy.sampler.generate(
-            policy.params, requests, SamplingParams(temperature=0.0), jax.random.PRNGKey(start)
-        )
-        reports += [parse_failure_report(r.text, family) for r in results]
-    return reports
+    requests = [analysis_request(t, family, policy.encode, max_tokens) for t in trajectories]
+    results = policy.sampler.generate(  # the sampler serves them in chunks of its largest batch
+        policy.params, requests, SamplingParams(temperature=0.0), jax.random.PRNGKey(0)
+    )
+    return [parse_failure_report(r.text, family) for r in results]
 
 
 def main() -> None:
@@ -86,7 +83,12 @@ def main() -> None:
     ap.add_argument("--gen-dir", default=None, help="where generated games go (default: a temp folder)")
     ap.add_argument("--compare", default=None, help="another heuristic module file to label the set with")
     ap.add_argument("--checkpoint", default=None, help="a saved model (HF folder) to analyse the set too")
-    ap.add_argument("--max-tokens", type=int, default=256, help="the model analyst's answer length")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=demo_config().aiw.max_tokens,
+        help="the model analyst's answer length",
+    )
     args = ap.parse_args()
 
     start = time.perf_counter()

@@ -8,6 +8,7 @@ a model above zero but far from perfect, so that RL has room to show.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -244,16 +245,10 @@ def run_sft(
         ]
     rng = np.random.default_rng(seed)
     grouped = length_grouped_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_rows, rng)
-    repeats = copy_batches(copy_tokens, batch_rows, seed) if copy_steps else None
-
-    def batches():
-        for _ in range(copy_steps):
-            yield next(repeats)
-        while True:
-            idx = next(grouped)
-            yield [prompts[i] for i in idx], [targets[i] for i in idx]
-
-    batches = batches()
+    batches = itertools.chain(
+        itertools.islice(copy_batches(copy_tokens, batch_rows, seed), copy_steps) if copy_steps else (),
+        (([prompts[i] for i in idx], [targets[i] for i in idx]) for idx in grouped),
+    )
     losses: list[float] = []
     restored = checkpoint.restore({"params": params, "opt_state": opt_state}) if checkpoint else None
     if restored is not None:
