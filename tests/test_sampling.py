@@ -291,8 +291,8 @@ def test_capped_batch_buckets():
     from roleagent_jax.sampling import BATCH_BUCKETS, capped_batch_buckets
 
     assert capped_batch_buckets(0) == BATCH_BUCKETS
-    assert capped_batch_buckets(64) == (8, 16, 32, 64)
-    assert capped_batch_buckets(100) == (8, 16, 32, 64, 100)
+    assert capped_batch_buckets(64) == (8, 16, 32, 48, 64)
+    assert capped_batch_buckets(100) == (8, 16, 32, 48, 64, 96, 100)
     assert capped_batch_buckets(4) == (4,)
     with pytest.raises(ValueError, match="max_rows_per_call"):
         capped_batch_buckets(-1)

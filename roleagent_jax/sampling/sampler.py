@@ -35,7 +35,10 @@ FINISH_REASONS = ("running", "eos", "stop", "length", "paused")  # index = the c
 _EOS, _STOP, _LENGTH, _PAUSED = 1, 2, 3, 4
 
 
-BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+# Steps of a quarter to a half above 32 rows: one call's rows (agent rows plus however many predictions
+# are still running, or a 96-game evaluation panel) rarely sit just under a power of two, and a call
+# rounded up to the next one would spend up to half its compute on empty rows.
+BATCH_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 160, 192, 256)
 PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
