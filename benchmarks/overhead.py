@@ -154,9 +154,13 @@ def main() -> None:
     parser.add_argument(
         "--reasoning-tokens", type=int, default=128, help="paper regime: reasoning per agent row"
     )
-    parser.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: demo 8, paper 4)")
-    parser.add_argument("--group-size", type=int, default=0, help="rollouts per task (0: demo 8, paper 4)")
-    parser.add_argument("--max-steps", type=int, default=0, help="steps per episode (0: the demo config's, paper 6)")
+    parser.add_argument("--tasks", type=int, default=0, help="tasks per iteration (0: demo config, paper 4)")
+    parser.add_argument(
+        "--group-size", type=int, default=0, help="rollouts per task (0: demo config, paper 4)"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=0, help="steps per episode (0: demo config, paper 6)"
+    )
     parser.add_argument("--unshared", action="store_true", help="also time roleagent without sharing")
     default_model = ROOT / "runs" / "demo" / "hf_warmstart"
     parser.add_argument(
