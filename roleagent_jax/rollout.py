@@ -1,8 +1,8 @@
 """Training rollouts: the model plays every slot through the shared episode loop, one sampler call a step.
 
-The same call carries the agent prompts of step t and, in WIA `separate` mode, the predictor prompts for
-the actions chosen at step t-1: one generation serves both roles of the model. Finished environments
-leave the batch. The result is the list of trajectories plus one training row per agent step.
+The same call carries the agent prompts of step t and, in WIA `separate` mode and in the rows the agent
+prompts leave idle, predictor prompts for earlier actions: one generation serves both roles of the model.
+Finished environments leave the batch. The result is the list of trajectories plus one training row per agent step.
 """
 
 from __future__ import annotations
@@ -97,10 +97,12 @@ class Predictor:
     """WIA's hook on the episode loop: after a chosen step, queue a predictor prompt for the action just
     sent; the queue rides on the next sampler call and its answers become that step's predictions.
 
-    Predictor rows never lengthen a sampler call: they decode in the background of the agent rows and,
-    when those end first, continue in the next call (prompt plus the tokens so far, the rest of their
-    budget). A prediction is an observation, so that budget is the tokens of the longest observation
-    seen so far (in the prediction format, plus a margin), never more than `wia_max_tokens`.
+    Predictor rows never widen or lengthen a sampler call: they are background rows, which take only
+    the rows the agent prompts leave idle in their batch bucket and decode only while the agent rows
+    do; cut off or left out, they continue in a later call (prompt plus the tokens so far, the rest of
+    their budget), and those still waiting after the last agent step run together, to their end. A
+    prediction is an observation, so that budget is the tokens of the longest observation seen so far
+    (in the prediction format, plus a margin), never more than `wia_max_tokens`.
     """
 
     def __init__(self, family: Family, encode: Tokenize, settings: RolloutSettings, seed: int,

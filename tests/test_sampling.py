@@ -311,3 +311,25 @@ def test_background_rows_pause_when_the_rest_end_and_continue_exactly(setup, pla
     assert rest.finish_reason == "length"
     assert paused.token_ids + rest.token_ids == greedy_run[1].token_ids
     np.testing.assert_allclose(paused.logprobs + rest.logprobs, greedy_run[1].logprobs, atol=1e-5)
+
+
+def test_background_rows_take_only_idle_rows_of_the_bucket_and_wait_otherwise(setup, plain, greedy_run):
+    """8 foreground rows fill the smallest bucket: a background row would double every step's rows, so
+    it waits (paused, nothing generated); so does one whose prompt would widen the call. Alone, each
+    then runs to its end exactly as it would have."""
+    prompts, params, greedy = setup["prompts"], setup["params"], SamplingParams(greedy=True)
+    short = [prompts[0]] * 8
+    full = [SampleRequest(p, 5) for p in short] + [SampleRequest(prompts[1], 16, background=True)]
+    out = plain.generate(params, full, greedy, jax.random.key(0))
+    assert all(r.token_ids == greedy_run[0].token_ids[:5] for r in out[:8])
+    assert out[8].finish_reason == "paused" and out[8].token_ids == [] and out[8].role == "agent"
+
+    assert len(prompts[0]) <= 16 < len(prompts[1]) + 16  # the prompt below is past the 16-token bucket
+    wide = SampleRequest(prompts[1] + [prompts[1][-1]] * 16, 4, background=True)
+    narrow = SampleRequest(prompts[3], 16, background=True)
+    out = plain.generate(params, [SampleRequest(prompts[0], 5), wide, narrow], greedy, jax.random.key(0))
+    assert out[1].finish_reason == "paused" and out[1].token_ids == []
+    assert out[2].finish_reason == "paused" and out[2].token_ids == greedy_run[3].token_ids[:5]
+
+    (alone,) = plain.generate(params, [full[8]], greedy, jax.random.key(1))
+    assert alone.finish_reason == "length" and alone.token_ids == greedy_run[1].token_ids

@@ -61,8 +61,10 @@ class SampleRequest:
     None (the default) generates the row on its own. Greedy output does not depend on it; sampled
     output keeps its distribution, but a row's random draws follow its place in the call's layout.
 
-    `background`: the row decodes only while some other row of its call (chunk) is still decoding, so
-    it never lengthens the call; cut off there, it returns what it generated with finish_reason
+    `background`: the row uses only capacity the call's other rows leave idle. It joins the call only
+    if it fits in the spare rows of their batch bucket and in their prompt bucket (so it never widens
+    the call), and decodes only while some other row is still decoding (so it never lengthens it).
+    Cut off, or left out, it returns what it generated (possibly nothing) with finish_reason
     "paused", for a later call to continue (its prompt plus those tokens, the remaining budget). A call
     of background rows only runs them to the end.
     """
@@ -412,12 +414,42 @@ class Sampler:
         params = self._place_params(params)
         chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
         results: list[SampleResult | None] = [None] * len(requests)
-        for c, idx in enumerate(chunk_by_group([_sharing_key(r) for r in requests], chunk)):
+        run = self._admitted(requests, chunk)
+        for i in range(len(requests)):
+            if i not in run:
+                results[i] = SampleResult([], [], "", "paused", requests[i].role)
+        order = sorted(run)
+        for c, idx in enumerate(chunk_by_group([_sharing_key(requests[i]) for i in order], chunk)):
             key = rng if c == 0 else jax.random.fold_in(rng, c)
-            out = self._generate_chunk(params, [requests[i] for i in idx], params_sampling, key)
+            out = self._generate_chunk(params, [requests[order[i]] for i in idx], params_sampling, key)
             for i, res in zip(idx, out, strict=True):
-                results[i] = res
+                results[order[i]] = res
         return results
+
+    def _admitted(self, requests: Sequence[SampleRequest], chunk: int) -> set[int]:
+        """Indices of the requests this call runs: every foreground request, and background requests
+        (in order) while they fit the idle rows of the foreground's batch bucket and its prompt bucket.
+
+        Every row of a bucket costs its prefill and each decode step whether it serves a request or
+        idles, so a background row placed there is free; one that would raise the bucket would make
+        every decode step of the call dearer, which on a CPU (every row costs compute) or with long
+        agent responses (predictions done after a few steps, their rows then idle) costs far more than
+        running it later. With no foreground request, every request runs (to its end)."""
+        fg = [i for i, r in enumerate(requests) if not r.background]
+        if not fg or len(fg) == len(requests):
+            return set(range(len(requests)))
+        run = set(fg)
+        if len(fg) > chunk:
+            return run
+        rows = _bucket(len(fg), self.batch_buckets, "batch size", "raise batch_buckets")
+        spare = -(-rows // self.row_multiple) * self.row_multiple - len(fg)
+        width = _bucket(max(len(requests[i].prompt_ids) for i in fg), self.prompt_buckets, "prompt length",
+                        "truncate prompts or add a prompt bucket")  # fmt: skip
+        for i, r in enumerate(requests):
+            if spare and r.background and len(r.prompt_ids) <= width:
+                run.add(i)
+                spare -= 1
+        return run
 
     def _validate(self, r: SampleRequest) -> None:
         if len(r.prompt_ids) == 0:
