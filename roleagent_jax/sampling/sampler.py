@@ -16,7 +16,7 @@ the shared and per-row attentions exactly).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -419,10 +419,19 @@ class Sampler:
             if i not in run:
                 results[i] = SampleResult([], [], "", "paused", requests[i].role)
         order = sorted(run)
-        for c, idx in enumerate(chunk_by_group([_sharing_key(requests[i]) for i in order], chunk)):
+        # A background row decodes only while a foreground row does, so it can never use more new tokens
+        # than the longest foreground budget: capped there, it leaves the call's shapes (and compiled
+        # programs) those of its foreground rows. Stopped by the cap, it is paused, not finished.
+        fg_budget = max((r.max_new_tokens for r in requests if not r.background), default=0)
+        todo = [replace(r, max_new_tokens=min(r.max_new_tokens, fg_budget)) if r.background and fg_budget
+                else r for r in requests]  # fmt: skip
+        for c, idx in enumerate(chunk_by_group([_sharing_key(todo[i]) for i in order], chunk)):
             key = rng if c == 0 else jax.random.fold_in(rng, c)
-            out = self._generate_chunk(params, [requests[order[i]] for i in idx], params_sampling, key)
+            out = self._generate_chunk(params, [todo[order[i]] for i in idx], params_sampling, key)
             for i, res in zip(idx, out, strict=True):
+                r = requests[order[i]]
+                if res.finish_reason == "length" and len(res.token_ids) < r.max_new_tokens:
+                    res = replace(res, finish_reason="paused")
                 results[order[i]] = res
         return results
 
