@@ -1,11 +1,12 @@
 """WIA's extra wall time per iteration: `roleagent` (WIA on, AIW off) against `gigpo`, same settings, same run.
 
-    python benchmarks/overhead.py [--regime demo|paper] [--iterations 3] [--aiw] [--model runs/demo/hf_warmstart]
+    python benchmarks/overhead.py [--regime demo|paper] [--iterations 6] [--aiw] [--model runs/demo/hf_warmstart]
                                   [--unshared]
 
 Both runs start from the same warm-started demo model (the demo's `hf_warmstart` when it exists, so the
-predictor writes realistic predictions; otherwise a short warm start each); the first iteration
-(compilation) is excluded.
+predictor writes realistic predictions; otherwise a short warm start each) and take turns, one
+iteration each, so a machine whose speed drifts during the benchmark slows both alike; the first
+iteration (compilation) is excluded.
 
 `--regime=demo` is the demo's own shape: 10-token actions, predictions up to `wia.max_tokens`.
 `--regime=paper` shapes the agent's responses like the paper's: every agent row first decodes
@@ -127,34 +128,42 @@ class CountedSampler:
         return out
 
 
-def time_iterations(config, reasoning: int, unshared: bool = False) -> dict[str, list[float]]:
-    """Per iteration: wall seconds, generation seconds, and the sampler's counts."""
+def time_interleaved(configs: dict, reasoning: int) -> dict[str, dict[str, list[float]]]:
+    """Per run and iteration: wall seconds, generation seconds, and the sampler's counts.
+
+    The runs take turns, one iteration each, so a machine that slows down or speeds up during the
+    benchmark (other jobs, thermal limits) moves every run alike and their ratio stays fair."""
     from roleagent_jax.trainer import Trainer
 
-    trainer = Trainer(config)
-    counted = CountedSampler(trainer.sampler, reasoning, config.wia.max_tokens if unshared else 0)
-    trainer.sampler.generate = counted
-    out: dict[str, list[float]] = {"seconds": [], "generate_seconds": []}
+    runs = {}
     try:
-        trainer.warm_start()
-        for it in range(config.iterations):
-            before = dict(counted.counts)
-            start = time.perf_counter()
-            metrics = trainer.iteration(it)
-            out["seconds"].append(time.perf_counter() - start)
-            out["generate_seconds"].append(float(metrics.get("time/generate", float("nan"))))
-            for k, v in counted.counts.items():
-                out.setdefault(k, []).append(float(v - before[k]))
+        for name, (config, unshared) in configs.items():
+            trainer = Trainer(config)
+            counted = CountedSampler(trainer.sampler, reasoning, config.wia.max_tokens if unshared else 0)
+            trainer.sampler.generate = counted
+            runs[name] = (trainer, counted, {"seconds": [], "generate_seconds": []})
+            trainer.warm_start()
+        iterations = min(config.iterations for config, _ in configs.values())
+        for it in range(iterations):
+            for trainer, counted, out in runs.values():
+                before = dict(counted.counts)
+                start = time.perf_counter()
+                metrics = trainer.iteration(it)
+                out["seconds"].append(time.perf_counter() - start)
+                out["generate_seconds"].append(float(metrics.get("time/generate", float("nan"))))
+                for k, v in counted.counts.items():
+                    out.setdefault(k, []).append(float(v - before[k]))
     finally:
-        trainer.close()
-    return out
+        for trainer, _, _ in runs.values():
+            trainer.close()
+    return {name: out for name, (_, _, out) in runs.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--aiw", action="store_true", help="also turn AIW on for the roleagent run")
     parser.add_argument("--regime", choices=("demo", "paper"), default="demo")
     parser.add_argument(
@@ -180,6 +189,7 @@ def main() -> None:
         reasoning = args.reasoning_tokens if paper else 0
         results: dict[str, dict[str, float]] = {}
         runs = ["gigpo", "roleagent"] + (["roleagent_unshared"] if args.unshared else [])
+        configs = {}
         for name in runs:
             algo = name.removesuffix("_unshared")
             c = base_config(Path(tmp) / name, args.iterations + 1, args.model)
@@ -192,7 +202,8 @@ def main() -> None:
             if paper:
                 c.wia.max_tokens = 128
                 c.rollout.max_response_tokens += reasoning  # the action's budget follows the reasoning
-            timed = time_iterations(c, reasoning, unshared=name != algo)
+            configs[name] = (c, name != algo)
+        for name, timed in time_interleaved(configs, reasoning).items():
             measured = {k: v[1:] for k, v in timed.items()}
             res = results[name] = {k: float(np.mean(v)) for k, v in measured.items()}
             times, compiled = measured["seconds"], measured["compilations"]
