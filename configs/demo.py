@@ -9,7 +9,7 @@ Evaluation runs on held-out generated games (seen and unseen pools) before and a
 The warm start imitates the expert's plan only: it never shows how to get out of a mistake (an
 inadmissible command, then "Nothing happens."), and the tiny model loops there. That is the skill RL
 works on: the share of valid actions in training rises within a few iterations. On held-out games it
-does not show at this budget (3 seeds: about 3 points below the warm start; docs/experiments.md).
+does not show at this budget (3 seeds: 4-6 points below the warm start; docs/experiments.md).
 Imitating recovery too (`warmstart.explore` > 0) gives a stronger start from which these few minutes of
 RL gain nothing measurable.
 
