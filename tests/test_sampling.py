@@ -315,8 +315,9 @@ def test_background_rows_pause_when_the_rest_end_and_continue_exactly(setup, pla
 
 def test_background_rows_take_only_idle_rows_of_the_bucket_and_wait_otherwise(setup, plain, greedy_run):
     """8 foreground rows fill the smallest bucket: a background row would double every step's rows, so
-    it waits (paused, nothing generated); so does one whose prompt would widen the call. Alone, each
-    then runs to its end exactly as it would have."""
+    it waits (paused, nothing generated); so does one whose prompt would widen the call, while one that
+    fits decodes beside the foreground row, its budget capped at that row's (paused, not finished). The
+    row that waited, run alone, gives exactly the tokens it would have."""
     prompts, params, greedy = setup["prompts"], setup["params"], SamplingParams(greedy=True)
     short = [prompts[0]] * 8
     full = [SampleRequest(p, 5) for p in short] + [SampleRequest(prompts[1], 16, background=True)]
