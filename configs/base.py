@@ -65,12 +65,13 @@ def get_config() -> ConfigDict:
     c.env.alfworld.num_objects = 6
     c.env.search_qa = ConfigDict()  # generated knowledge base (gen_train / gen_test) and retrieval
     c.env.search_qa.kb_seed = 0
+    c.env.search_qa.kb_worlds = 1  # knowledge bases a generated split's questions are spread over
     c.env.search_qa.kb_countries = 10
     c.env.search_qa.kb_cities = 50
     c.env.search_qa.kb_people = 160
     c.env.search_qa.kb_works = 240
     c.env.search_qa.mix = {"single_hop": 0.35, "bridge": 0.3, "bridge3": 0.2, "comparison": 0.15}
-    c.env.search_qa.held_out = "entities"  # entities | questions: what held-out questions keep unseen
+    c.env.search_qa.held_out = "entities"  # entities | questions | worlds: kept unseen by gen_test
     c.env.search_qa.topk = 3  # passages per search
     c.env.search_qa.max_turns = 4
     c.env.search_qa.retriever_url = ""  # real data sets: a retrieval server (POST /retrieve), or

@@ -100,7 +100,8 @@ class Predictor:
     Predictor rows never widen or lengthen a sampler call: they are background rows, which take only
     the rows the agent prompts leave idle in their batch bucket and decode only while the agent rows
     do; cut off or left out, they continue in a later call (prompt plus the tokens so far, the rest of
-    their budget), and those still waiting after the last agent step run together, to their end. A
+    their budget), and those still waiting after the last agent step run to their end, in calls of the
+    agent calls' batch shape (so they compile no program of their own after the first iteration). A
     prediction is an observation, so that budget is the tokens of the longest observation seen so far
     (in the prediction format, plus a margin), never more than `wia_max_tokens`.
     """

@@ -313,6 +313,23 @@ def test_background_rows_pause_when_the_rest_end_and_continue_exactly(setup, pla
     np.testing.assert_allclose(paused.logprobs + rest.logprobs, greedy_run[1].logprobs, atol=1e-5)
 
 
+def test_waiting_background_rows_run_in_chunks_of_the_last_foreground_shape(setup, greedy_run):
+    """After a call with foreground rows in the 8-row bucket, a call of only background rows (what waits
+    after a rollout's last agent step) runs in 8-row chunks in the plain layout, even for 11 grouped
+    rows that alone would take the 16-row bucket: it compiles nothing new, and each row's greedy tokens
+    are those it gives alone."""
+    prompts, params, greedy = setup["prompts"], setup["params"], SamplingParams(greedy=True)
+    sampler = Sampler(setup["graphdef"], setup["cfg"], setup["tok"], eos_ids=(), prompt_buckets=(16, 32, 64))
+    order = [i % len(prompts) for i in range(11)]
+    waiting = [SampleRequest(prompts[i], 16, group=i, background=True) for i in order]
+    sampler.generate(params, [SampleRequest(p, 16) for p in prompts * 2], greedy, jax.random.key(0))
+    compiled = sampler.num_compilations
+    out = sampler.generate(params, waiting, greedy, jax.random.key(0))
+    assert sampler.num_compilations == compiled and sampler.last_layout is None
+    assert [r.token_ids for r in out] == [greedy_run[i].token_ids for i in order]
+    assert all(r.finish_reason == "length" for r in out)
+
+
 def test_background_rows_take_only_idle_rows_of_the_bucket_and_wait_otherwise(setup, plain, greedy_run):
     """8 foreground rows fill the smallest bucket: a background row would double every step's rows, so
     it waits (paused, nothing generated); so does one whose prompt would widen the call, while one that

@@ -70,6 +70,32 @@ def test_generation_options(family):
         family.task_pool("gen_test", n=5, options={"mix": {"trivia": 1.0}})
 
 
+def test_questions_spread_over_several_worlds(family, tmp_path):
+    """kb_worlds spreads a split over knowledge bases, each task answered by its own world's index; with
+    held_out "worlds" no held-out question asks a knowledge base any training question asks, and the
+    expert still wins every question on its world's retriever."""
+    opts = {"kb_worlds": 4, "held_out": "worlds"}
+    train = family.task_pool("gen_train", n=30, seed=0, options=opts, gen_dir=tmp_path)
+    test = family.task_pool("gen_test", n=10, seed=1, options=opts)
+    worlds = lambda pool: [t.payload.retriever[1] for t in pool.tasks]  # noqa: E731
+    assert sorted(set(worlds(train))) == [0, 1, 2, 3] and sorted(set(worlds(test))) == [
+        1000,
+        1001,
+        1002,
+        1003,
+    ]
+    assert sorted(worlds(test).count(w) for w in set(worlds(test))) == [2, 2, 3, 3]
+    assert len({t.payload.task.id for t in train.tasks}) == 30
+    assert len(train.expert_plans) == 30 and len(test.expert_plans) == 10
+    env = family.make_env(4)
+    for pool in (train, test):
+        for i, plan in pool.expert_plans.items():
+            assert _play(env, pool[i], plan)[-1].won
+    assert len(list(tmp_path.iterdir())) == 4
+    with pytest.raises(ValueError, match="'kb_worlds' must be an integer >= 1, got 0"):
+        family.task_pool("gen_test", n=5, options={"kb_worlds": 0})
+
+
 def test_env_observations(family):
     pool = family.task_pool("gen_test", n=30, seed=0)
     i, task = next((i, t) for i, t in enumerate(pool.tasks) if t.type == "bridge")

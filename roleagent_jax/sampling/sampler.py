@@ -194,6 +194,7 @@ class Sampler:
         self.row_multiple = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
         self.num_compilations = 0
         self.last_layout: PrefixLayout | None = None
+        self._foreground_rows = 0  # batch rows of the last call that had a foreground request
         self._pieces: list[bytes] | None = None
         self._table: tuple[jax.Array, jax.Array] | None = None
         self._prefill = jax.jit(self._prefill_fn, static_argnames=("cache_len",))
@@ -413,6 +414,14 @@ class Sampler:
             self._validate(r)
         params = self._place_params(params)
         chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
+        min_rows = 0  # every chunk padded to at least this many rows (0: its own bucket)
+        if all(r.background for r in requests) and self._foreground_rows:
+            # What waits after the last agent step: in the plain layout, in chunks of the last agent
+            # call's rows (padded), so these calls reuse one batch shape whatever their number and
+            # groups instead of compiling a new program in most early iterations; on a CPU, where
+            # every row costs compute, calls of agent size are also no slower than one wide call.
+            requests = [replace(r, group=None) for r in requests]
+            chunk = min_rows = min(chunk, self._foreground_rows)
         results: list[SampleResult | None] = [None] * len(requests)
         run = self._admitted(requests, chunk)
         for i in range(len(requests)):
@@ -427,7 +436,7 @@ class Sampler:
                 else r for r in requests]  # fmt: skip
         for c, idx in enumerate(chunk_by_group([_sharing_key(todo[i]) for i in order], chunk)):
             key = rng if c == 0 else jax.random.fold_in(rng, c)
-            out = self._generate_chunk(params, [todo[order[i]] for i in idx], params_sampling, key)
+            out = self._generate_chunk(params, [todo[order[i]] for i in idx], params_sampling, key, min_rows)
             for i, res in zip(idx, out, strict=True):
                 r = requests[order[i]]
                 if res.finish_reason == "length" and len(res.token_ids) < r.max_new_tokens:
@@ -478,10 +487,14 @@ class Sampler:
         except TypeError:
             raise ValueError(f"group must be hashable (e.g. the task group's id), got {r.group!r}") from None
 
-    def _generate_chunk(self, params, requests, sp: SamplingParams, rng) -> list[SampleResult]:
+    def _generate_chunk(
+        self, params, requests, sp: SamplingParams, rng, min_rows: int = 0
+    ) -> list[SampleResult]:
         n = len(requests)
-        batch = _bucket(n, self.batch_buckets, "batch size", "raise batch_buckets")
+        batch = _bucket(max(n, min_rows), self.batch_buckets, "batch size", "raise batch_buckets")
         batch = -(-batch // self.row_multiple) * self.row_multiple
+        if not all(r.background for r in requests):
+            self._foreground_rows = batch
         longest = max(len(r.prompt_ids) for r in requests)
         plen = _bucket(
             longest, self.prompt_buckets, "prompt length", "truncate prompts or add a prompt bucket"

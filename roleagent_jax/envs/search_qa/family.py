@@ -3,6 +3,9 @@
 Splits:
   gen_train, gen_test    questions over the generated knowledge base (options: kb_seed, the sizes,
                          mix), answered from a local BM25 index over its passages. Nothing to download.
+                         With kb_worlds > 1 a split's questions are spread over that many knowledge
+                         bases (seeds kb_seed, kb_seed + 1, ...); with held_out "worlds" gen_test asks
+                         knowledge bases no training question asks (seeds from kb_seed + 1000).
   NAME[:SPLIT]           a FlashRAG JSONL set, NAME one of the seven (nq, triviaqa, popqa, hotpotqa,
                          2wikimultihopqa, musique, bamboogle), read from <data_dir>/NAME/SPLIT.jsonl
                          (SPLIT defaults to the one Search-R1 evaluates on); data_dir may also be the
@@ -22,7 +25,7 @@ import json
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from roleagent_jax.envs.search_qa.questions import DEFAULT_MIX, KINDS, generate_
 from roleagent_jax.envs.search_qa.tasks import DATASETS, QATask, check_dataset, dataset_file, load_flashrag
 
 GEN_SPLITS = {"gen_train": "train", "gen_test": "test"}
+HELD_OUT_WORLDS = 1000  # held_out "worlds": gen_test's knowledge bases start this far from kb_seed
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ class SearchQA(Family):
     generated_splits = tuple(GEN_SPLITS)
     gen_options = {
         "kb_seed": 0,
+        "kb_worlds": 1,
         "kb_countries": KBSize.countries,
         "kb_cities": KBSize.cities,
         "kb_people": KBSize.people,
@@ -217,22 +222,42 @@ class SearchQA(Family):
     def _generated(self, split: str, n: int, seed: int, opts: dict, gen_dir) -> TaskPool:
         if n < 1:
             raise ValueError(f"split {split!r} is generated: give the number of questions (n >= 1), got {n}")
+        worlds, held_out = opts["kb_worlds"], str(opts["held_out"])
+        if not isinstance(worlds, int) or worlds < 1:
+            raise ValueError(f"env option 'kb_worlds' must be an integer >= 1, got {worlds!r}")
         size = _size(opts)
-        kb = generate_kb(opts["kb_seed"], size)
-        questions = generate_questions(kb, n, GEN_SPLITS[split], seed, _mix(opts), str(opts["held_out"]))
-        spec = ("kb", opts["kb_seed"], size.countries, size.cities, size.people, size.works)
-        plans = _play_expert(questions, retriever_for(spec), opts["topk"], opts["max_turns"])
-        tasks = [_task(q, spec, opts, plan) for q, plan in zip(questions, plans)]
-        source = f"generated {split} n={n} seed={seed} kb_seed={opts['kb_seed']}"
-        if gen_dir:
-            folder = (
-                Path(gen_dir)
-                / f"search_qa_kb{opts['kb_seed']}_{size.countries}_{size.cities}_{size.people}_{size.works}"
+        first = opts["kb_seed"] + (HELD_OUT_WORLDS if held_out == "worlds" and split == "gen_test" else 0)
+        tasks: list[Task] = []
+        folders = []
+        for w in range(worlds):
+            count = n // worlds + (w < n % worlds)
+            if not count:
+                continue
+            kb_seed = first + w
+            kb = generate_kb(kb_seed, size)
+            questions = generate_questions(kb, count, GEN_SPLITS[split], seed, _mix(opts), held_out)
+            if worlds > 1:  # ids stay unique across knowledge bases
+                questions = [replace(q, id=f"{q.id}_kb{kb_seed}") for q in questions]
+            spec = ("kb", kb_seed, size.countries, size.cities, size.people, size.works)
+            plans = _play_expert(questions, retriever_for(spec), opts["topk"], opts["max_turns"])
+            tasks += [_task(q, spec, opts, plan) for q, plan in zip(questions, plans)]
+            if gen_dir:
+                folder = (
+                    Path(gen_dir)
+                    / f"search_qa_kb{kb_seed}_{size.countries}_{size.cities}_{size.people}_{size.works}"
+                )
+                folder.mkdir(parents=True, exist_ok=True)
+                write_corpus(kb.passages(), folder / "corpus.jsonl")
+                _write_questions(questions, folder / f"{split}_n{count}_seed{seed}.jsonl")
+                folders.append(folder)
+        seeds = f"kb_seed={first}" if worlds == 1 else f"kb_seeds={first}..{first + worlds - 1}"
+        source = f"generated {split} n={n} seed={seed} {seeds}"
+        if folders:
+            source += (
+                f" (files in {folders[0]})"
+                if len(folders) == 1
+                else f" (files in {len(folders)} folders of {gen_dir})"
             )
-            folder.mkdir(parents=True, exist_ok=True)
-            write_corpus(kb.passages(), folder / "corpus.jsonl")
-            _write_questions(questions, folder / f"{split}_n{n}_seed{seed}.jsonl")
-            source += f" (files in {folder})"
         return TaskPool(tasks, source)
 
     @staticmethod

@@ -30,7 +30,7 @@ MULTI_HOP_KINDS = frozenset({"bridge", "bridge3", "comparison"})
 DEFAULT_MIX = {"single_hop": 0.35, "bridge": 0.3, "bridge3": 0.2, "comparison": 0.15}
 SPLITS = ("train", "test")
 HELD_OUT = 0.25
-HOLD_OUT_BY = ("entities", "questions")
+HOLD_OUT_BY = ("entities", "questions", "worlds")  # worlds: held-out questions ask other knowledge bases
 SOURCE = "generated"
 
 # (start type, relations) -> question template; {e} is the start entity, {role}/{made}/{dated} its work's
@@ -129,7 +129,9 @@ def generate_questions(
     held_out: str = "entities",
 ) -> list[QATask]:
     """n distinct questions of one split, mixed by kind (`mix` weights, default DEFAULT_MIX), drawn with
-    `seed` (the knowledge base's own seed fixes what is held out: `held_out` entities or questions).
+    `seed` (the knowledge base's own seed fixes what is held out: `held_out` entities or questions;
+    with "worlds" every question of this knowledge base may be asked, the held-out ones being asked of
+    other knowledge bases).
 
     Comparisons alternate which option is the answer, so naming an option blindly is right half the time.
     """
