@@ -13,8 +13,8 @@ does not show at this budget (3 seeds: 4-6 points below the warm start; docs/exp
 Imitating recovery too (`warmstart.explore` > 0) gives a stronger start from which these few minutes of
 RL gain nothing measurable.
 
-Sized to finish in under 15 minutes on a 2-core CPU (13 min 17 s measured): the warm start, the two
-evaluations and the games take about 9 of them, the 6 RL iterations 3 min 17 s.
+Sized to finish in under 15 minutes on a 2-core CPU (12 min 40 s measured): the warm start, the two
+evaluations and the games take about 9 of them, the 6 RL iterations 3 min 7 s.
 """
 
 from configs import base
