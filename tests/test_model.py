@@ -187,6 +187,24 @@ def test_bfloat16_policy_keeps_float32_logits():
     assert init_cache(mixed.config, 2, 4).k[0].dtype == jnp.bfloat16
 
 
+def test_bfloat16_trains_on_cpu_at_a_batch_xla_leaves_unfused():
+    """At this size XLA:CPU leaves the bf16 logits and chunked-attention dots unfused, where it has no
+    bf16 x bf16 -> f32 kernel (UNIMPLEMENTED when run): the forward and its gradient must still run and
+    agree with float32 to bf16 precision."""
+    cfg = tiny_config(attention_chunk=64)
+    f32 = random_model(cfg)
+    bf16 = Qwen2ForCausalLM(cfg.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    copy_params(f32, bf16)
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, cfg.vocab_size, (8, 256)), jnp.int32)
+    graphdef, params = nnx.split(bf16)
+    logits = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, ids)
+    reference = jax.jit(lambda m, x: m(x))(f32, ids)
+    assert logits.dtype == jnp.float32
+    assert float(jnp.max(jnp.abs(logits - reference))) < 0.1 * float(jnp.max(jnp.abs(reference)))
+    grads = jax.jit(jax.grad(lambda p, x: nnx.merge(graphdef, p)(x).mean()))(params, ids)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
 def test_config_rejects_inconsistent_heads():
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         tiny_config(num_key_value_heads=3)

@@ -112,6 +112,16 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     return out.astype(q.dtype).reshape(q.shape)
 
 
+def _dot_operands(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    """Operands for a dot with float32 output. XLA:CPU has no kernel for a bf16 x bf16 -> f32 dot that
+    it leaves unfused (whole-sequence logits, chunked attention: UNIMPLEMENTED when run), so on a CPU
+    low-precision operands are widened to float32 first: the same products and float32 sums. The
+    barrier keeps XLA from folding the widening back into the dot."""
+    if jax.default_backend() != "cpu" or all(x.dtype == jnp.float32 for x in xs):
+        return xs
+    return jax.lax.optimization_barrier(tuple(x.astype(jnp.float32) for x in xs))
+
+
 def attention_partials(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -123,7 +133,7 @@ def attention_partials(
     """
     b, t, n, d = q.shape
     kv = k.shape[1]
-    qg = q.reshape(b, t, kv, n // kv, d)
+    qg, k = _dot_operands(q.reshape(b, t, kv, n // kv, d), k)
     if t <= _FEW_QUERIES:
         # Decode steps: the cache is the dot's left operand in its stored layout (batch dims leading,
         # [S, D] contiguous), so it is read once, unmoved; the scores transposed after are tiny.
@@ -136,12 +146,13 @@ def attention_partials(
     top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))  # softmax is shift-invariant
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1)  # [B, KV, G, T]
+    weights, v = _dot_operands(weights.astype(v.dtype), v)
     if t <= _FEW_QUERIES:
         dims = (((4,), (2,)), ((0, 1), (0, 1)))  # contract slots; batch over (B, KV)
-        out = jax.lax.dot_general(weights.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)
+        out = jax.lax.dot_general(weights, v, dims, preferred_element_type=jnp.float32)
         out = jnp.transpose(out, (0, 3, 1, 2, 4))  # [B,KV,G,T,D] -> [B,T,KV,G,D]
     else:
-        out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        out = jnp.einsum("bkgts,bksd->btkgd", weights, v, preferred_element_type=jnp.float32)
     return out, jnp.transpose(top[..., 0], (0, 3, 1, 2)), jnp.transpose(total, (0, 3, 1, 2))
 
 
@@ -161,6 +172,7 @@ def prefix_attention_partials(
     g, kv = k.shape[0], k.shape[1]
     r, per_kv = b // g, n // kv
     qg = q.reshape(g, r, t, kv, per_kv, d).transpose(0, 3, 1, 2, 4, 5).reshape(g, kv, r * t * per_kv, d)
+    qg, k = _dot_operands(qg, k)
     dims = (((3,), (3,)), ((0, 1), (0, 1)))  # contract head_dim; batch over (G, KV)
     scores = jax.lax.dot_general(k, qg, dims, preferred_element_type=jnp.float32)  # [G, KV, L, M]
     visible = mask[:, None, None, :]
@@ -169,7 +181,8 @@ def prefix_attention_partials(
     weights = jnp.where(visible, jnp.exp(scores - top[..., None]), 0.0)
     total = jnp.sum(weights, axis=-1)
     dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract slots; batch over (G, KV)
-    out = jax.lax.dot_general(weights.astype(v.dtype), v, dims, preferred_element_type=jnp.float32)
+    weights, v = _dot_operands(weights.astype(v.dtype), v)
+    out = jax.lax.dot_general(weights, v, dims, preferred_element_type=jnp.float32)
 
     def per_row(x: jax.Array) -> jax.Array:  # [G, KV, M, ...] -> [B, T, KV, heads per KV, ...]
         x = x.reshape(g, kv, r, t, per_kv, *x.shape[3:])
@@ -372,7 +385,8 @@ class Qwen2ForCausalLM(nnx.Module):
             w = self.embed.embedding[...].astype(dt).T
         else:
             w = self.lm_head.kernel[...].astype(dt)
-        logits = jnp.matmul(h.reshape(-1, h.shape[-1]), w, preferred_element_type=jnp.float32)
+        rows, w = _dot_operands(h.reshape(-1, h.shape[-1]), w)
+        logits = jnp.matmul(rows, w, preferred_element_type=jnp.float32)
         return logits.reshape(*h.shape[:-1], w.shape[-1])
 
     def _run_layers(self, x: jax.Array, positions: jax.Array, key_mask: jax.Array) -> jax.Array:
