@@ -407,7 +407,9 @@ class Sampler:
     ) -> list[SampleResult]:
         """Generate for every request (in order). More requests than the largest batch bucket are
         served in chunks, each with its own key folded from `rng`: consecutive runs of requests, or
-        with groups whole sharing groups packed in order (`prefix.chunk_by_group`)."""
+        with groups whole sharing groups packed in order (`prefix.chunk_by_group`). A call of only
+        background requests runs in the plain layout, in chunks padded to the batch rows of the last
+        call that had a foreground request (so it reuses that call's batch shape)."""
         if not requests:
             return []
         for r in requests:
