@@ -128,7 +128,9 @@ def main() -> None:
         from roleagent_jax.envs import get_family
 
         demo = demo_config(args.env)
-        panel_split = demo.env.eval_splits[-1]  # the most held-out split (alfworld, webshop: gen_unseen)
+        # the most held-out split (alfworld: gen_unseen); a family whose demo fixes its world (webshop's
+        # shop_seed) gives the same goals for every seed, so there the panel replays the demo's own
+        panel_split = demo.env.eval_splits[-1]
         pool = get_family(demo.env.name).task_pool(
             panel_split, gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,
             options=demo.env[demo.env.name].to_dict(),

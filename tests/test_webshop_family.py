@@ -44,6 +44,43 @@ def test_generated_splits_are_disjoint_and_deterministic(fam, gen_dir):
         fam.task_pool("gen_test", gen_dir=gen_dir, options={"rooms": 3})
 
 
+def test_goals_per_product_puts_new_instructions_on_trained_products_in_the_test_split(fam, gen_dir):
+    opts = {"n_products": 50, "goals_per_product": 4}
+    test, train = (
+        fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks for s in ("gen_test", "gen_train")
+    )
+    assert len(test) == len(train) == 80  # 40 products of seen families x 4 instructions, halved
+    asin = lambda t: t.id.split(":")[1]  # noqa: E731
+    trained = {asin(t) for t in train}
+    shared = [t for t in test if asin(t) in trained]
+    assert len(shared) > len(test) // 2  # most held-out goals are on products trained on...
+    goals = {(asin(t), t.goal) for t in train}
+    assert not any((asin(t), t.goal) in goals for t in shared)  # ...with instructions never trained on
+    per_product = {}
+    for t in test + train:
+        per_product.setdefault(asin(t), set()).add(t.goal)
+    assert max(len(g) for g in per_product.values()) == 4 and len(per_product) == 40
+    assert all(t.expert_plan and t.expert_plan[-1] == "click[buy now]" for t in test + train)
+    one = fam.task_pool("gen_test", gen_dir=gen_dir, seed=0, options={"n_products": 50}).tasks
+    assert len(one) == 20 and {asin(t) for t in one} <= set(per_product)  # same products, one goal each
+    with pytest.raises(ValueError, match="goals_per_product"):
+        fam.task_pool("gen_test", gen_dir=gen_dir, options={"n_products": 50, "goals_per_product": 0})
+
+
+def test_shop_seed_gives_every_seed_the_same_shop(fam, gen_dir):
+    """A trainer draws evaluation's tasks with another seed than training's: shop_seed keeps one shop."""
+    opts = {"n_products": 50, "goals_per_product": 4, "shop_seed": 0}
+    train = fam.task_pool("gen_train", gen_dir=gen_dir, seed=0, options=opts).tasks
+    test = fam.task_pool("gen_test", gen_dir=gen_dir, seed=1000, options=opts).tasks
+    assert [t.goal for t in test] == [
+        t.goal for t in fam.task_pool("gen_test", gen_dir=gen_dir, seed=0, options=opts).tasks
+    ]
+    assert {t.id for t in test}.isdisjoint(t.id for t in train)
+    assert {t.id.split(":")[1] for t in test} & {t.id.split(":")[1] for t in train}
+    other = fam.task_pool("gen_test", gen_dir=gen_dir, seed=1000, options={**opts, "shop_seed": -1}).tasks
+    assert {t.id.split(":")[1] for t in other}.isdisjoint(t.id.split(":")[1] for t in train)
+
+
 def test_real_split_without_data_says_where_to_get_it(fam, monkeypatch):
     monkeypatch.delenv("WEBSHOP_DATA", raising=False)
     with pytest.raises(FileNotFoundError, match="setup.sh"):

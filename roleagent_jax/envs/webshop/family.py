@@ -3,8 +3,11 @@
 Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA): "test" is the first 500 goals,
 "train" the rest, as the reference runs split them. Generated (no download): "gen_test" and
 "gen_train" are disjoint goals on the seen product families of one generated shop (the first and the
-second half of them), "gen_unseen" the goals on families that are never trained on; `n` takes the
-first n goals of the split, `seed` picks the shop.
+second half of them, in WebShop's shuffled goal order: with the shop option `goals_per_product` > 1 a
+product's goals fall on both sides), "gen_unseen" the goals on families that are never trained on; `n` takes the
+first n goals of the split, `seed` picks the shop (the option `shop_seed` fixes one for every seed: a
+trainer draws each purpose's tasks with its own seed, so without it training and evaluation get
+different shops).
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ class WebShop(Family):
     has_expert = True
     data_splits = REAL_SPLITS
     generated_splits = GEN_SPLITS
-    gen_options = {"n_products": 1000, "page_size": PAGE_SIZE}  # page_size: results per page (WebShop: 10)
+    # page_size: results per page (WebShop: 10); goals_per_product: instructions per generated product;
+    # shop_seed: the generated shop of every split (-1: the split's own seed, so each seed is a new shop)
+    gen_options = {"n_products": 1000, "page_size": PAGE_SIZE, "goals_per_product": 1, "shop_seed": -1}
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = (
         "You review a failed attempt at buying a product in a web shop and explain why it failed."
@@ -91,9 +96,11 @@ class WebShop(Family):
         if page_size < 1:
             raise ValueError(f"env option page_size must be >= 1, got {page_size}")
         if split in GEN_SPLITS:
-            n_products = int(opts["n_products"])
-            folder = Path(gen_dir or default_gen_dir()) / f"shop_seed{seed}_p{n_products}"
-            made = gen.generate(folder, seed, n_products)
+            n_products, per_product = int(opts["n_products"]), int(opts["goals_per_product"])
+            seed = seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
+            name = f"shop_seed{seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
+            made = gen.generate(Path(gen_dir or default_gen_dir()) / name, seed, n_products, per_product)
+            folder = made.folder
             shop = load_shop(str(folder), seed)
             ids = _goal_ids(shop.catalogue, made.family_of, split)
             if n > len(ids):

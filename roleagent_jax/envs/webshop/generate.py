@@ -3,9 +3,9 @@
 Products come from 25 product families in WebShop's five categories (fashion, beauty, electronics,
 food, furniture). A family fixes the query, the category path, the product nouns, a pool of
 attributes, option axes (colour, size, flavour, ...) and a price range; each product draws a brand,
-a noun, 3-4 attributes, 2-5 values per option axis and a price, and gets one human-style instruction
-("i need a non slip running shoes with rubber sole, in black color and size 9") naming 1-3 of its
-attributes and one value per option axis. The loader adds the price cap as WebShop does.
+a noun, 3-4 attributes, 2-5 values per option axis and a price, and gets human-style instructions
+("i need a non slip running shoes with rubber sole, in black color and size 9"), one by default, each
+naming 1-3 of its attributes and one value per option axis. The loader adds the price cap as WebShop does.
 
 One family per category is *unseen*: its goals form the gen_unseen split and never appear in
 training; its products are still in the shop (as search distractors). Everything is a function of
@@ -217,8 +217,8 @@ def _asin(rng: random.Random, used: set[str]) -> str:
             return asin
 
 
-def _product(fam: Family, rng: random.Random, asin: str) -> tuple[dict, dict, dict]:
-    """(raw product, attribute record, human instruction) for one product of `fam`."""
+def _product(fam: Family, rng: random.Random, asin: str, n_goals: int) -> tuple[dict, dict, list[dict]]:
+    """(raw product, attribute record, `n_goals` human instructions) for one product of `fam`."""
     brand = "".join(rng.sample(_SYLLABLES, 2)).capitalize()
     noun = rng.choice(fam.nouns)
     attrs = rng.sample(fam.attributes, min(len(fam.attributes), rng.randint(3, 4)))
@@ -248,6 +248,26 @@ def _product(fam: Family, rng: random.Random, asin: str) -> tuple[dict, dict, di
         "query": fam.query,
         "product_category": fam.product_category,
     }
+    human = [_instruction(rng, asin, noun, attrs, options)]
+    # More instructions come from a stream of their own (so the products do not depend on how many), each
+    # unlike the earlier ones where the product allows it
+    extra = random.Random(f"webshop-goals:{asin}")
+    for _ in range(n_goals - 1):
+        for _ in range(20):
+            ins = _instruction(extra, asin, noun, attrs, options)
+            if all(ins["instruction"] != h["instruction"] for h in human):
+                break
+        human.append(ins)
+    attributes = {
+        "attributes": attrs,
+        "instruction": human[0]["instruction"],
+        "instruction_attributes": human[0]["instruction_attributes"],
+    }
+    return raw, attributes, human
+
+
+def _instruction(rng: random.Random, asin: str, noun: str, attrs: list[str], options: dict) -> dict:
+    """One human-style instruction for a product: 1-3 of its attributes and one value per option axis."""
     wanted = rng.sample(attrs, rng.randint(1, min(3, len(attrs))))
     chosen = [rng.choice(values) for values in options.values()]
     head = wanted[0]
@@ -257,14 +277,12 @@ def _product(fam: Family, rng: random.Random, asin: str) -> tuple[dict, dict, di
     phrases = [_PHRASE.get(name, "{} " + name).format(v) for name, v in zip(options, chosen)]
     if phrases:
         text += ", in " + " and ".join(phrases)
-    attributes = {"attributes": attrs, "instruction": text, "instruction_attributes": wanted}
-    human = {
+    return {
         "asin": asin,
         "instruction": text,
         "instruction_attributes": wanted,
         "instruction_options": chosen,
     }
-    return raw, attributes, human
 
 
 @dataclass(frozen=True)
@@ -273,27 +291,37 @@ class GeneratedShop:
     family_of: dict[str, str]  # asin -> family key
 
 
-def generate(folder: str | os.PathLike, seed: int, n_products: int = 1000) -> GeneratedShop:
-    """Write (or reuse, when it is already there with the same settings) a generated shop."""
+def generate(
+    folder: str | os.PathLike, seed: int, n_products: int = 1000, goals_per_product: int = 1
+) -> GeneratedShop:
+    """Write (or reuse, when it is already there with the same settings) a generated shop.
+
+    `goals_per_product` > 1 gives each product that many instructions (other attributes, option values
+    and price caps), as WebShop's human file often does: its goal split then puts goals on the same
+    product on both sides, so held-out goals ask for new combinations on products seen in training."""
     folder = Path(folder)
     manifest = folder / MANIFEST
     settings = {"seed": seed, "n_products": n_products, "version": FORMAT_VERSION}
+    if goals_per_product != 1:
+        settings["goals_per_product"] = goals_per_product
     if manifest.is_file():
         data = json.loads(manifest.read_text())
         if data.get("settings") == settings:
             return GeneratedShop(folder, data["family_of"])
     if n_products < len(FAMILIES):
         raise ValueError(f"n_products must be >= {len(FAMILIES)} (one per family), got {n_products}")
+    if goals_per_product < 1:
+        raise ValueError(f"goals_per_product must be >= 1, got {goals_per_product}")
     rng = random.Random(f"webshop-gen:{seed}")
     used: set[str] = set()
     raws, attrs, human, family_of = [], {}, {}, {}
     for i in range(n_products):
         fam = FAMILIES[i % len(FAMILIES)]
         asin = _asin(rng, used)
-        raw, attr, ins = _product(fam, rng, asin)
+        raw, attr, ins = _product(fam, rng, asin, goals_per_product)
         raws.append(raw)
         attrs[asin] = attr
-        human[asin] = [ins]
+        human[asin] = ins
         family_of[asin] = fam.key
     rng.shuffle(raws)  # WebShop's product file is shuffled too
     folder.mkdir(parents=True, exist_ok=True)
