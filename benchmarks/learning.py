@@ -129,7 +129,7 @@ def main() -> None:
 
         demo = demo_config(args.env)
         # the most held-out split (alfworld: gen_unseen); a family whose demo fixes its world (webshop's
-        # shop_seed) gives the same goals for every seed, so there the panel replays the demo's own
+        # shop_seed) gives the same goals for every seed, so there the panel replays the demo's own eval goals
         panel_split = demo.env.eval_splits[-1]
         pool = get_family(demo.env.name).task_pool(
             panel_split, gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,

@@ -44,6 +44,6 @@ def get_config():
     c.wia.max_tokens = 64
 
     c.warmstart.n_games = 240
-    c.warmstart.steps = 200  # x 16 rows: about 2 epochs of the expert's ~1,480 examples (5 min)
+    c.warmstart.steps = 200  # x 16 rows: about 2 epochs of the expert's ~1,480 examples (6.3 min)
     c.warmstart.batch_rows = 16
     return c

@@ -97,11 +97,11 @@ class WebShop(Family):
             raise ValueError(f"env option page_size must be >= 1, got {page_size}")
         if split in GEN_SPLITS:
             n_products, per_product = int(opts["n_products"]), int(opts["goals_per_product"])
-            seed = seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
-            name = f"shop_seed{seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
-            made = gen.generate(Path(gen_dir or default_gen_dir()) / name, seed, n_products, per_product)
+            shop_seed = seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
+            name = f"shop_seed{shop_seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
+            made = gen.generate(Path(gen_dir or default_gen_dir()) / name, shop_seed, n_products, per_product)
             folder = made.folder
-            shop = load_shop(str(folder), seed)
+            shop = load_shop(str(folder), shop_seed)
             ids = _goal_ids(shop.catalogue, made.family_of, split)
             if n > len(ids):
                 raise ValueError(
@@ -111,7 +111,7 @@ class WebShop(Family):
             ids = ids[: n or None]
             session = ShopSession(shop, MAX_STEPS, page_size)
             plans = {i: _expert_plan(session, i) for i in ids}
-            return self._pool(shop.catalogue, str(folder), seed, ids, plans, page_size)
+            return self._pool(shop.catalogue, str(folder), shop_seed, ids, plans, page_size)
         if split in REAL_SPLITS:
             shop = load_shop(str(data_dir_of(data_dir)), seed)
             ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
