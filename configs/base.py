@@ -63,6 +63,10 @@ def get_config() -> ConfigDict:
     c.env.alfworld = ConfigDict()
     c.env.alfworld.num_receptacles = 6
     c.env.alfworld.num_objects = 6
+    c.env.alfworld.prompt = "reference"  # reference (the published ALFWORLD_TEMPLATE) | compact (tiny models)
+    c.env.alfworld.valid = (
+        "format"  # format (<think> + <action>, as published) | available (a listed command)
+    )
     c.env.search_qa = ConfigDict()  # generated knowledge base (gen_train / gen_test) and retrieval
     c.env.search_qa.kb_seed = 0
     c.env.search_qa.kb_worlds = 1  # knowledge bases a generated split's questions are spread over

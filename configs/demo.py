@@ -45,6 +45,10 @@ def get_config():
     c.env.gen.seed = 0
     c.env.alfworld.num_receptacles = 4
     c.env.alfworld.num_objects = 2
+    # The tiny model's context holds the compact prompt, and its warm start writes no reasoning: a valid
+    # action is a listed command (the paper's template and format rule are the family's defaults).
+    c.env.alfworld.prompt = "compact"
+    c.env.alfworld.valid = "available"
 
     c.rollout.tasks_per_iter = 6
     c.rollout.group_size = 8

@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     options = {k: v for k in family.gen_options if (v := getattr(args, f"option_{k}")) is not None}
     try:
         check_args(args)
+        family = family.configured(options)
         policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature, family)
         pool = family.task_pool(
             args.split,

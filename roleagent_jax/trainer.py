@@ -125,7 +125,8 @@ class Trainer:
         distributed.initialize()
         self.config = apply_algo(validate(config))
         c = self.config
-        self.family = get_family(c.env.name)
+        family = get_family(c.env.name)
+        self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
         self.workdir = Path(c.workdir).absolute()
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
         self.workdir.mkdir(parents=True, exist_ok=True)

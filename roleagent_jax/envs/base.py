@@ -21,6 +21,7 @@ This module imports nothing heavy (no JAX, no engine): workers and tests import 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import random
 import re
@@ -212,8 +213,10 @@ class Family:
     start-up; see `known_splits`. None: the family does not list them and any name reaches `task_pool`."""
 
     gen_options: ClassVar[Mapping[str, Any]] = {}
-    """The family's own generation settings with their defaults (ALFWorld: room sizes). The trainer passes
-    `config.env.<name>` (when the config has that subtree) as `options` to `task_pool`."""
+    """The family's own settings with their defaults: generation (ALFWorld: room sizes) and how it plays
+    (its protocol, prompt style, validity rule). The trainer passes `config.env.<name>` (when the config
+    has that subtree) as `options` to `task_pool` and to `configured`. The defaults are the reference
+    runs' choices, so a config that names none plays the published protocol."""
 
     predictor_framing: ClassVar[PredictorFraming] = PredictorFraming()
     """How WIA's predictor prompt names the world; see `predictor_prompt`."""
@@ -233,6 +236,23 @@ class Family:
     """task type -> distinctive words of its pattern, for AIW's fuzzy retrieval (a query naming "heat"
     or "microwave" pulls heat-then-place tasks). Multi-word entries match as phrases. Types without an
     entry match on their pattern name."""
+
+    # -------------------------------------------------------------- settings
+
+    def configured(self, options: Mapping[str, Any] | None) -> Family:
+        """A copy of this family that plays with `options` (over `gen_options`; an unknown key or a bad
+        value raises ValueError naming it). Prompts, parser and envs read `self.options`, and the copy
+        pickles with them, so one run's settings reach every worker."""
+        resolved = self.resolve_options(options)
+        self.check_options(resolved)
+        family = copy.copy(self)
+        family._options = resolved
+        return family
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The settings this family plays with: those given to `configured`, else the defaults."""
+        return dict(getattr(self, "_options", None) or self.gen_options)
 
     # -------------------------------------------------------------- environment (worker side)
 

@@ -1,5 +1,6 @@
 """Text pieces that families with an `<action>` answer format share: the answer's action block, the
-case- and space-blind comparison of commands, and the numbered history lines of an agent prompt.
+reference runs' format rule, the case- and space-blind comparison of commands, and the numbered history
+lines of an agent prompt.
 
 A family's own parser decides what a valid action is; these only find it, so every family reads the
 answer format the same way (and never raises on what a model writes).
@@ -15,6 +16,8 @@ from roleagent_jax.envs.base import MAX_ACTION_CHARS
 _ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
 _TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+VALIDITY_RULES = ("format", "available")  # the reference runs' rule | the action must be available
 
 
 def action_block(response: object) -> str | None:
@@ -37,6 +40,24 @@ def action_block(response: object) -> str | None:
     if not action or len(action) > MAX_ACTION_CHARS or not action.isascii() or not action.isprintable():
         return None
     return action
+
+
+def reference_action(response: object) -> tuple[str | None, bool]:
+    """(action, well formed) as the reference runs project an answer: the action is the text between the
+    first `<action>` and the first `</action>` (or the end, where the sampler stopped at that stop string),
+    whitespace collapsed; the answer is well formed when it also holds `<think>` and `</think>` and no CJK
+    character. Whether the action is available plays no part: the env answers an unavailable one."""
+    if not isinstance(response, str):
+        return None, False
+    opened = _ACTION_OPEN.search(response)
+    if opened is None:
+        return None, False
+    closed = _ACTION_CLOSE.search(response, opened.end())
+    action = " ".join(response[opened.end() : closed.start() if closed else None].split())
+    if not action or len(action) > MAX_ACTION_CHARS:
+        return None, False
+    formed = "<think>" in response and "</think>" in response and not _CJK.search(response)
+    return action, formed
 
 
 def normalize_action(text: str) -> str:

@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.alfworld import games, goals, prompts, taxonomy
+from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
 from roleagent_jax.envs.base import Env, Family, PredictorFraming, TaskPool
+from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
+
+PROMPTS = ("reference", "compact")  # the reference runs' ALFWORLD_TEMPLATE | a short one for tiny models
 
 
 class AlfWorld(Family):
@@ -27,7 +31,14 @@ class AlfWorld(Family):
     has_expert = True
     data_splits = games.DATA_SPLITS
     generated_splits = tuple(games.GEN_POOLS)
-    gen_options = {"num_receptacles": (4, 6), "num_objects": (2, 4)}  # procgen.GenSize defaults
+    # num_receptacles, num_objects: generated rooms (procgen.GenSize defaults). prompt: the reference
+    # template or the compact one; valid: the reference's format rule or "the command is available".
+    gen_options = {
+        "num_receptacles": (4, 6),
+        "num_objects": (2, 4),
+        "prompt": "reference",
+        "valid": "format",
+    }
     predictor_framing = PredictorFraming(
         intro="Act as the game engine. Predict what the game prints next.",
         reply="the game's reply",
@@ -68,7 +79,8 @@ class AlfWorld(Family):
         if split in games.GEN_POOLS:
             if n < 1:
                 raise ValueError(f"a generated split needs n >= 1 games, got {n}")
-            size = self.resolve_options(options)
+            opts = self.resolve_options(options)
+            size = {k: opts[k] for k in ("num_receptacles", "num_objects")}
             from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
 
             return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
@@ -80,7 +92,11 @@ class AlfWorld(Family):
     def check_options(self, options: Mapping[str, Any]) -> None:
         from roleagent_jax.envs.alfworld.procgen import GenSize
 
-        GenSize(**options).ranges()
+        GenSize(options["num_receptacles"], options["num_objects"]).ranges()
+        if options["prompt"] not in PROMPTS:
+            raise ValueError(f"prompt={options['prompt']!r}: must be one of {', '.join(PROMPTS)}")
+        if options["valid"] not in VALIDITY_RULES:
+            raise ValueError(f"valid={options['valid']!r}: must be one of {', '.join(VALIDITY_RULES)}")
 
     def agent_prompt(
         self,
@@ -91,13 +107,25 @@ class AlfWorld(Family):
         step: int,
         history_k: int,
     ) -> str:
+        if self.options["prompt"] == "reference":
+            return build_reference_prompt(goal, history, observation, list(admissible or []), step, history_k)
         recent = list(history[-history_k:]) if history_k else []
         return prompts.build_agent_prompt(
             goal, recent, observation, list(admissible or []), step, k=history_k
         )
 
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
-        return prompts.parse_action(response, None if admissible is None else list(admissible))
+        if self.options["valid"] == "available":
+            return prompts.parse_action(response, None if admissible is None else list(admissible))
+        action, formed = reference_action(response)
+        if action is None:
+            return None, False
+        return (matching_command(action, admissible or []) or action), formed
+
+    def format_action(self, action: str) -> str:
+        """Under the reference's format rule an answer needs its (here empty) reasoning block too."""
+        answer = super().format_action(action)
+        return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
 
     def analyse_failure(self, traj, max_steps: int):
         from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
