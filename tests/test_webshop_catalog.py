@@ -182,9 +182,10 @@ def test_real_split_of_the_tiny_shop_through_the_family(tmp_path):
     from roleagent_jax.envs.base import get_family
 
     fam = get_family("webshop")
-    pool = fam.task_pool("test", data_dir=write_tiny_shop(tmp_path))
+    human = {"protocol": "webshop"}  # the tiny shop has human instructions only
+    pool = fam.task_pool("test", data_dir=write_tiny_shop(tmp_path), options=human)
     assert len(pool) == 2 and not pool.expert_plans and set(pool.task_types) == {"fashion"}
-    assert len(fam.task_pool("train", data_dir=tmp_path)) == 0  # fewer than 500 goals: all are test
+    assert len(fam.task_pool("train", data_dir=tmp_path, options=human)) == 0  # under 500 goals: all test
     env = fam.make_env(15)
     for task in pool.tasks:
         obs = env.reset(task, expert=True)

@@ -336,9 +336,10 @@ class Family:
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
         """(action, valid) from a model response; never raises.
 
-        valid=True: a well-formed action that the env accepts (in `admissible` when given; return the
-        list's own spelling). A well-formed but inadmissible action returns (action, False); anything
-        unparsable returns (None, False)."""
+        valid=True: the answer passes the family's validity rule: the reference runs' format rule (the
+        answer's blocks are well formed, whatever the env makes of the action) or, where a family offers
+        it, "a well-formed action that the env accepts" (in `admissible` when given). An action found in
+        `admissible` comes back in the list's own spelling; anything unparsable returns (None, False)."""
         raise NotImplementedError(f"family {self.name!r} does not implement parse_action")
 
     def format_action(self, action: str) -> str:

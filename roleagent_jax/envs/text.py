@@ -87,3 +87,16 @@ def history_lines(
         lines.append(f"[{first + j}] Saw: {show(obs)}")
         lines.append(f"[{first + j}] Did: {act}")
     return lines
+
+
+def observation_action_lines(
+    recent: Sequence[tuple[str, str]], step: int, show: Callable[[str], str] = str
+) -> str:
+    """The reference prompts' history: `[Observation i: '..', Action i: '..']` per pair of `recent`
+    (already cut to the window), numbered by the step it was taken at (1-based); `show` renders an
+    observation."""
+    first = step - len(recent) + 1
+    return "\n".join(
+        f"[Observation {first + j}: '{show(obs)}', Action {first + j}: '{act}']"
+        for j, (obs, act) in enumerate(recent)
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from roleagent_jax.envs.text import observation_action_lines
+
 HIDDEN_COMMANDS = ("help",)  # listed by the engine, never shown by the reference prompt
 
 _REPLY = (
@@ -39,16 +41,6 @@ def shown_commands(admissible: Sequence[str]) -> list[str]:
     return [c for c in admissible if c not in HIDDEN_COMMANDS]
 
 
-def action_history(history: Sequence[tuple[str, str]], step: int) -> str:
-    """`[Observation i: '..', Action i: '..']` lines for the pairs in `history` (already cut to the
-    window), numbered by the step they were taken at (1-based)."""
-    first = step - len(history) + 1
-    return "\n".join(
-        f"[Observation {first + j}: '{obs}', Action {first + j}: '{act}']"
-        for j, (obs, act) in enumerate(history)
-    )
-
-
 def build_reference_prompt(
     goal: str,
     history: Sequence[tuple[str, str]],
@@ -67,7 +59,7 @@ def build_reference_prompt(
         task_description=goal.strip(),
         step_count=step,
         history_length=len(recent),
-        action_history=action_history(recent, step),
+        action_history=observation_action_lines(recent, step),
         current_step=step + 1,
         current_observation=observation,
         admissible_actions=commands,

@@ -1,4 +1,4 @@
-"""WebShop's catalogue files, read as WebShop reads them, and its human-instruction goals.
+"""WebShop's catalogue files, read as WebShop reads them, and its goals (human or synthetic).
 
 A shop folder holds WebShop's three files (the real ones come from WebShop's ``setup.sh``; the
 generated shop writes the same format):
@@ -11,8 +11,8 @@ generated shop writes the same format):
 - ``items_human_ins.json``: {asin: [{"instruction", "instruction_attributes", "instruction_options"}]}.
 
 Products get WebShop's derived fields (``Title``, ``Description``, ``BulletPoints``, ``Price``,
-``pricing``, ``options``, ``Attributes``) and goals are built as its human-goal builder does, then
-shuffled with its fixed seed (233), so goal i is WebShop's goal i. WebShop draws each product's price
+``pricing``, ``options``, ``Attributes``) and goals are built as its human-goal builder does (or its
+synthetic one, `synthetic.py`), then shuffled with its fixed seed (233), so goal i is WebShop's goal i. WebShop draws each product's price
 (uniform in a range) and each goal's price cap from the unseeded global generator, so no two of its
 servers agree on them; here both come from a generator seeded by ``seed``.
 """
@@ -33,6 +33,7 @@ HUMAN_FILE = "items_human_ins.json"
 FILES = (PRODUCTS_FILE, ATTRIBUTES_FILE, HUMAN_FILE)
 DATA_ENV = "WEBSHOP_DATA"
 GOAL_SHUFFLE_SEED = 233  # WebShop's own
+GOAL_KINDS = ("human", "synthetic")
 TEST_GOALS = 500  # the reference runs test on the first 500 goals and train on the rest
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 NO_PRICE_CAP = 1_000_000
@@ -104,6 +105,9 @@ def prepare_products(raw: list[dict], attributes: dict, human: dict) -> list[dic
             "Attributes": attributes.get(asin, {}).get("attributes", ["DUMMY_ATTR"]),
             "Reviews": [],
             "Rating": "N.A.",
+            # what the synthetic goals are built from (WebShop reads them with human_goals=False)
+            "instruction_text": attributes.get(asin, {}).get("instruction"),
+            "instruction_attributes": attributes.get(asin, {}).get("instruction_attributes"),
         }
         if asin in human:
             item["instructions"] = human[asin]
@@ -120,21 +124,25 @@ def product_prices(products: list[dict], rng: random.Random) -> dict[str, float]
     return out
 
 
+def price_clause(price: float, rng: random.Random) -> tuple[float, str]:
+    """(price cap, clause): the larger of two of the four multiples of 10 above `price`; none when fewer
+    than two exist."""
+    above = [p for p in PRICE_RANGE if p > price][:4]
+    if len(above) < 2:
+        return NO_PRICE_CAP, ""
+    _, cap = sorted(rng.sample(above, 2))
+    return cap, f", and price lower than {cap:.2f} dollars"
+
+
 def human_goals(products: list[dict], prices: dict[str, float], rng: random.Random) -> list[dict]:
-    """One goal per human instruction with attributes; the price cap is the larger of two of the four
-    multiples of 10 above the price (none when fewer than two exist)."""
+    """One goal per human instruction with attributes, its price cap from `price_clause`."""
     goals = []
     for item in products:
         for ins in item.get("instructions", []):
             attributes = ins["instruction_attributes"]
             if not attributes:
                 continue
-            above = [p for p in PRICE_RANGE if p > prices[item["asin"]]][:4]
-            if len(above) >= 2:
-                _, price_upper = sorted(rng.sample(above, 2))
-                price_text = f", and price lower than {price_upper:.2f} dollars"
-            else:
-                price_upper, price_text = NO_PRICE_CAP, ""
+            price_upper, price_text = price_clause(prices[item["asin"]], rng)
             goals.append(
                 {
                     "asin": item["asin"],
@@ -148,7 +156,6 @@ def human_goals(products: list[dict], prices: dict[str, float], rng: random.Rand
                     "goal_options": ins["instruction_options"],
                 }
             )
-    random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     return goals
 
 
@@ -166,14 +173,28 @@ class Catalogue:
         self.by_asin = {p["asin"]: p for p in self.products}
 
     @classmethod
-    def from_dir(cls, data_dir: str | os.PathLike | None = None, seed: int = 0) -> Catalogue:
+    def from_dir(
+        cls, data_dir: str | os.PathLike | None = None, seed: int = 0, goals: str = "human"
+    ) -> Catalogue:
+        """The shop in `data_dir` with prices and caps drawn from `seed`; `goals` "human" (WebShop's
+        human instructions) or "synthetic" (its goals from every option combination), in WebShop's
+        shuffled order either way."""
+        if goals not in GOAL_KINDS:
+            raise ValueError(f"goals={goals!r}: must be one of {', '.join(GOAL_KINDS)}")
         root = data_dir_of(data_dir)
         products = prepare_products(
             _read(root / PRODUCTS_FILE), _read(root / ATTRIBUTES_FILE), _read(root / HUMAN_FILE)
         )
         rng = random.Random(seed)
         prices = product_prices(products, rng)
-        return cls(products, prices, human_goals(products, prices, rng), str(root))
+        if goals == "human":
+            made = human_goals(products, prices, rng)
+        else:
+            from roleagent_jax.envs.webshop.synthetic import synthetic_goals  # it builds on this module
+
+            made = synthetic_goals(products, prices, rng)
+        random.Random(GOAL_SHUFFLE_SEED).shuffle(made)
+        return cls(products, prices, made, str(root))
 
     def split(self, name: str, test_goals: int = TEST_GOALS) -> list[int]:
         """Goal indices of a split: "test" the first `test_goals`, "train" the rest, "all" every goal."""

@@ -69,13 +69,15 @@ def search_keywords(instruction: str) -> str:
 
 @dataclass
 class Shop:
-    """A catalogue and its search index (built once per process and shared by its environments)."""
+    """A catalogue and its search index (built once per process and shared by its environments);
+    `search_index` is the index's kind (`search.INDEXES`)."""
 
     catalogue: Catalogue
+    search_index: str = "lucene"
     index: SearchIndex = field(init=False)
 
     def __post_init__(self):
-        self.index = SearchIndex(self.catalogue.products)
+        self.index = SearchIndex(self.catalogue.products, self.search_index)
 
 
 @dataclass

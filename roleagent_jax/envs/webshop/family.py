@@ -1,7 +1,10 @@
 """WebShop as a scenario family of the environment contract, registered as "webshop".
 
-Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA): "test" is the first 500 goals,
-"train" the rest, as the reference runs split them. Generated (no download): "gen_test" and
+Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA), by the option `protocol`:
+"paper" (the default; verl-agent's and Role-Agent's runs, `human_goals=False`): WebShop's synthetic goals
+(one per option combination of each product), "train" goals 500 onwards, "test" a fixed draw of 256 of
+the first 500 (the reference evaluates 2 x 128 episodes drawn from them); "webshop" (WebShop's own
+protocol): the human instructions, "test" the first 500 goals, "train" the rest. Generated (no download): "gen_test" and
 "gen_train" are disjoint goals on the seen product families of one generated shop (the first and the
 second half of them, in WebShop's shuffled goal order: with the shop option `goals_per_product` > 1 a
 product's goals fall on both sides), "gen_unseen" the goals on families that are never trained on; `n` takes the
@@ -12,22 +15,33 @@ different shops).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Family, Task, TaskPool
+from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 from roleagent_jax.envs.webshop import generate as gen
 from roleagent_jax.envs.webshop import heuristic, prompts
 from roleagent_jax.envs.webshop.catalog import Catalogue, data_dir_of
-from roleagent_jax.envs.webshop.engine import MAX_STEPS, PAGE_SIZE, ShopSession, expert_action
+from roleagent_jax.envs.webshop.engine import MAX_STEPS, PAGE_SIZE, ShopSession, expert_action, split_action
 from roleagent_jax.envs.webshop.env import GoalRef, WebShopEnv, load_shop
+from roleagent_jax.envs.webshop.reference_prompt import build_reference_prompt
+from roleagent_jax.envs.webshop.search import INDEXES
 from roleagent_jax.envs.webshop.taxonomy import FAILURE_KEYWORDS, FAILURE_TYPES
 
 REAL_SPLITS = ("test", "train")
 GEN_SPLITS = ("gen_test", "gen_train", "gen_unseen")
+PROTOCOLS = {"paper": "synthetic", "webshop": "human"}  # protocol -> the goals its real splits play
+PROMPTS = ("reference", "compact")  # the reference runs' WEBSHOP_TEMPLATE | a short one for tiny models
+PAPER_TEST_GOALS = 256  # the reference evaluates 2 x 128 episodes on goals drawn from the first 500
+PAPER_TEST_SEED = (
+    1000  # the draw is fixed (the reference's validation seed offset), so every run's panel agrees
+)
 _PRICE = re.compile(r"price lower than [\d.]+ dollars")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
@@ -67,8 +81,21 @@ class WebShop(Family):
     data_splits = REAL_SPLITS
     generated_splits = GEN_SPLITS
     # page_size: results per page (WebShop: 10); goals_per_product: instructions per generated product;
-    # shop_seed: the generated shop of every split (-1: the split's own seed, so each seed is a new shop)
-    gen_options = {"n_products": 1000, "page_size": PAGE_SIZE, "goals_per_product": 1, "shop_seed": -1}
+    # shop_seed: the generated shop of every split (-1: the split's own seed, so each seed is a new shop);
+    # protocol: the real splits' goals (PROTOCOLS); search_index: search.INDEXES; prompt: PROMPTS;
+    # valid: the reference's format rule or "the action is available"; history_chars: earlier pages in
+    # the prompt cut to this many characters (0: whole, as the reference shows them)
+    gen_options = {
+        "n_products": 1000,
+        "page_size": PAGE_SIZE,
+        "goals_per_product": 1,
+        "shop_seed": -1,
+        "protocol": "paper",
+        "search_index": "lucene",
+        "prompt": "reference",
+        "valid": "format",
+        "history_chars": 0,
+    }
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = (
         "You review a failed attempt at buying a product in a web shop and explain why it failed."
@@ -92,16 +119,15 @@ class WebShop(Family):
         on_corrupt: str = "fail",
     ) -> TaskPool:
         opts = self.resolve_options(options)
-        page_size = int(opts["page_size"])
-        if page_size < 1:
-            raise ValueError(f"env option page_size must be >= 1, got {page_size}")
+        self.check_options(opts)
+        page_size, index = int(opts["page_size"]), opts["search_index"]
         if split in GEN_SPLITS:
             n_products, per_product = int(opts["n_products"]), int(opts["goals_per_product"])
             shop_seed = seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
             name = f"shop_seed{shop_seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
             made = gen.generate(Path(gen_dir or default_gen_dir()) / name, shop_seed, n_products, per_product)
             folder = made.folder
-            shop = load_shop(str(folder), shop_seed)
+            shop = load_shop(str(folder), shop_seed, "human", index)
             ids = _goal_ids(shop.catalogue, made.family_of, split)
             if n > len(ids):
                 raise ValueError(
@@ -111,28 +137,45 @@ class WebShop(Family):
             ids = ids[: n or None]
             session = ShopSession(shop, MAX_STEPS, page_size)
             plans = {i: _expert_plan(session, i) for i in ids}
-            return self._pool(shop.catalogue, str(folder), shop_seed, ids, plans, page_size)
+            ref = GoalRef(str(folder), shop_seed, -1, page_size, "human", index)
+            return self._pool(shop.catalogue, ref, ids, plans)
         if split in REAL_SPLITS:
-            shop = load_shop(str(data_dir_of(data_dir)), seed)
+            goals = PROTOCOLS[opts["protocol"]]
+            shop = load_shop(str(data_dir_of(data_dir)), seed, goals, index)
             ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
-            return self._pool(shop.catalogue, shop.catalogue.source, seed, ids, {}, page_size)
+            if goals == "synthetic" and split == "test":
+                ids = sorted(random.Random(PAPER_TEST_SEED).sample(ids, min(PAPER_TEST_GOALS, len(ids))))
+            ref = GoalRef(shop.catalogue.source, seed, -1, page_size, goals, index)
+            return self._pool(shop.catalogue, ref, ids, {})
         raise ValueError(f"unknown WebShop split {split!r}; known: {', '.join(REAL_SPLITS + GEN_SPLITS)}")
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        for key, allowed in (
+            ("protocol", tuple(PROTOCOLS)),
+            ("search_index", INDEXES),
+            ("prompt", PROMPTS),
+            ("valid", VALIDITY_RULES),
+        ):
+            if options[key] not in allowed:
+                raise ValueError(f"{key}={options[key]!r}: must be one of {', '.join(allowed)}")
+        for key, low in (("page_size", 1), ("history_chars", 0)):
+            if not isinstance(options[key], int) or options[key] < low:
+                raise ValueError(f"{key}={options[key]!r}: must be an integer >= {low}")
+
     @staticmethod
-    def _pool(
-        catalogue: Catalogue, folder: str, seed: int, ids: list[int], plans: dict, page_size: int
-    ) -> TaskPool:
+    def _pool(catalogue: Catalogue, ref: GoalRef, ids: list[int], plans: dict) -> TaskPool:
+        """Goals `ids` of the shop `ref` names (its index field is set per goal)."""
         tasks = [
             Task(
                 id=f"{i}:{catalogue.goals[i]['asin']}",
                 type=catalogue.goals[i]["category"],
                 goal=catalogue.goals[i]["instruction_text"],
-                payload=GoalRef(folder, seed, i, page_size),
+                payload=dataclasses.replace(ref, index=i),
                 expert_plan=plans.get(i),
             )
             for i in ids
         ]
-        return TaskPool(tasks, folder)
+        return TaskPool(tasks, ref.folder)
 
     def agent_prompt(
         self,
@@ -143,10 +186,25 @@ class WebShop(Family):
         step: int,
         history_k: int,
     ) -> str:
-        return prompts.build_agent_prompt(goal, history, observation, admissible, step, history_k)
+        chars = self.options["history_chars"]
+        if self.options["prompt"] == "reference":
+            return build_reference_prompt(goal, history, observation, admissible, step, history_k, chars)
+        return prompts.build_agent_prompt(goal, history, observation, admissible, step, history_k, chars)
 
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
-        return prompts.parse_action(response, admissible)
+        if self.options["valid"] == "available":
+            return prompts.parse_action(response, admissible)
+        text, formed = reference_action(response)
+        parsed = split_action(text) if text is not None else None
+        if parsed is None:  # no search[...] or click[...]: the env changes nothing, the format decides
+            return text, formed
+        action = f"{parsed[0]}[{parsed[1]}]"
+        return (matching_command(action, admissible or []) or action), formed
+
+    def format_action(self, action: str) -> str:
+        """Under the reference's format rule an answer needs its (here empty) reasoning block too."""
+        answer = super().format_action(action)
+        return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
 
     def predictor_prompt(self, goal, history, observation, action, horizon) -> str:
         from roleagent_jax import wia

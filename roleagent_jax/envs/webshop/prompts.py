@@ -1,4 +1,4 @@
-"""The agent prompt for WebShop, the parser of the agent's answer, and the WIA predictor framing.
+"""The compact agent prompt for WebShop, its parser ("available" rule), and the WIA predictor framing.
 
 The prompt follows the reference structure (the task, the last K pages and actions, the current page,
 the available actions; think in <think>, act in <action>) in few words: the demo's tiny model has a
@@ -14,7 +14,6 @@ from roleagent_jax.envs.text import action_block, history_lines, matching_comman
 from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
 
 ACTION_STOP = "</action>"
-HISTORY_OBS_CHARS = 160  # an earlier page is shown cut to this many characters
 
 PREDICTOR_FRAMING = PredictorFraming(
     intro="Act as the shop website. Predict the page it shows next.",
@@ -25,7 +24,7 @@ PREDICTOR_FRAMING = PredictorFraming(
 
 def _clip(text: str, n: int) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return text if n <= 0 or len(text) <= n else text[: n - 3] + "..."
 
 
 def build_agent_prompt(
@@ -35,15 +34,16 @@ def build_agent_prompt(
     admissible: Sequence[str] | None,
     step: int,
     k: int = 2,
+    history_chars: int = 0,
 ) -> str:
-    """The agent's prompt at `step` (0-based); `history` holds earlier (page, action) pairs, oldest first,
-    of which the last `k` are shown (their pages cut short)."""
+    """The compact prompt at `step` (0-based); `history` holds earlier (page, action) pairs, oldest first,
+    of which the last `k` are shown, their pages cut to `history_chars` characters when > 0."""
     lines = [
         "You are shopping on a website. Buy the product the instruction asks for.",
         f"Instruction: {goal}",
     ]
     recent = list(history)[-k:] if k > 0 else []
-    lines += history_lines(recent, step, lambda obs: _clip(obs, HISTORY_OBS_CHARS))
+    lines += history_lines(recent, step, lambda obs: _clip(obs, history_chars))
     lines.append(f"Page: {' '.join(observation.split())}")
     if admissible is not None:
         lines.append("Actions: " + " | ".join(admissible))
