@@ -80,6 +80,11 @@ def get_config() -> ConfigDict:
     c.env.search_qa.max_turns = 4
     c.env.search_qa.retriever_url = ""  # real data sets: a retrieval server (POST /retrieve), or
     c.env.search_qa.corpus = ""  # a JSONL corpus indexed with BM25 in each worker
+    c.env.search_qa.retriever_request = "query"  # query (Role-Agent's server) | queries (Search-R1's)
+    c.env.search_qa.prompt = "reference"  # reference (verl-agent's SEARCH_TEMPLATE) | compact (tiny models)
+    c.env.search_qa.valid = "format"  # format (one search or answer, as published) | block (first block)
+    c.env.search_qa.passage_chars = 0  # retrieved text in the prompt: 0 = whole, as published; > 0 cuts it
+    c.env.search_qa.win_reward = 1.0  # reward of an exact match (the reference's 1.0)
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_iter = 16  # B

@@ -5,10 +5,13 @@
         --config.env.search_qa.retriever_url=http://127.0.0.1:8000/retrieve
 
 Data: FlashRAG's JSONL files under env.data_dir (<data_dir>/nq/train.jsonl, .../hotpotqa/dev.jsonl,
-...). Retrieval: Search-R1's retrieval server (E5 over the 2018 Wikipedia dump in 100-word passages,
-top 3) behind env.search_qa.retriever_url. Settings follow verl-agent's GiGPO search run: 256 questions
-x 5 rollouts, at most 4 turns, all of them in the prompt, step groups by anchor similarity >= 0.9,
-invalid-format penalty 0.01, one pass over the training questions.
+...). Retrieval: Role-Agent's retrieval server (E5 over the 2018 Wikipedia dump in 100-word passages,
+top 3; one {"query": ...} per request) behind env.search_qa.retriever_url; Search-R1's server takes
+--config.env.search_qa.retriever_request=queries. Settings follow Role-Agent's run_search.sh: 256
+questions x 5 rollouts, at most 4 turns, all of them in the prompt, step groups by anchor similarity >=
+0.9, reward 1.0 for an exact match and invalid-format penalty 0.01, mini-batch 512, greedy evaluation
+every 50 iterations and none before training, one pass over the training questions. The prompt, the
+validity rule, whole passages and the reward are the family's defaults (the reference's).
 """
 
 import os
@@ -24,6 +27,7 @@ def get_config():
     c.workdir = "runs/search_qa"
     c.iterations = 660  # ~169k NQ + HotpotQA training questions / 256 per iteration: one epoch
     c.model.path = os.environ.get("ROLEAGENT_MODEL", "")
+    c.model.required = True  # never the small random model
     c.model.dtype = "bfloat16"
     c.model.remat = True
 
@@ -65,8 +69,9 @@ def get_config():
     c.aiw.analyser = "llm"
     c.aiw.retrieval = "fuzzy"
 
-    c.eval.every = 100
-    c.eval.temperature = 0.4
+    c.eval.before = False  # run_search.sh: val_before_train=False
+    c.eval.every = 50  # run_search.sh: test_freq=50
+    c.eval.greedy = True  # the reference sets no val_kwargs: verl validates greedily
     c.eval.limit = 0  # every question of the seven sets (~52k)
     c.checkpoint.every = 50
     return c

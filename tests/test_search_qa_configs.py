@@ -22,8 +22,16 @@ def load(name):
 def test_configs_validate(name):
     c = load(name)
     c.model.path = ""
+    c.model.required = False
     validate(c)
     assert c.env.name == "search_qa" and c.env.max_steps == 4
+
+
+def test_paper_config_fails_fast_without_a_model():
+    c = load("search_qa")
+    c.model.path = ""
+    with pytest.raises(ValueError, match="--config.model.path is empty"):
+        validate(c)
 
 
 def test_paper_settings():
@@ -31,6 +39,16 @@ def test_paper_settings():
     assert c.env.train_split == "nq:train+hotpotqa:train" and c.env.eval_splits == tuple(DATASETS)
     assert (c.rollout.group_size, c.rollout.tasks_per_iter, c.advantage.invalid_penalty) == (5, 256, 0.01)
     assert c.advantage.anchor_similarity == 0.9
+    # run_search.sh: greedy validation every 50 iterations, none before training, mini-batch 512
+    assert (c.eval.greedy, c.eval.every, c.eval.before, c.train.mini_batch_rows) == (True, 50, False, 512)
+    qa = c.env.search_qa
+    assert (qa.win_reward, qa.passage_chars, qa.prompt, qa.valid, qa.retriever_request) == (
+        1.0,
+        0,
+        "reference",
+        "format",
+        "query",
+    )
 
 
 def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):

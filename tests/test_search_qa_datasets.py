@@ -34,7 +34,7 @@ def test_flashrag_loader_reads_each_set(tmp_path, name):
     tasks = load_flashrag(dataset_file(tmp_path, name), name)
     assert [(t.question, t.golds, t.source, t.kind, t.id) for t in tasks] == [
         ("who wrote hamlet?", ("Shakespeare", "W. S."), name, name, f"{split}_0"),
-        ("capital of france", ("Paris",), name, name, f"{name}_2"),
+        ("capital of france?", ("Paris",), name, name, f"{name}_2"),  # "?" added, as Search-R1 does
     ]
     assert len(load_flashrag(dataset_file(tmp_path, name), name, limit=1)) == 1
 

@@ -152,7 +152,9 @@ def test_agent_prompt_structure(fam):
         ("Back to Search [SEP] Page 1 " + "x" * 500, "click[b0a]"),
     ]
     compact = fam.configured({"prompt": "compact", "history_chars": 160})
-    p = compact.agent_prompt("i need red socks", history, "Back to Search [SEP] < Prev", ["click[buy now]"], 2, 1)
+    p = compact.agent_prompt(
+        "i need red socks", history, "Back to Search [SEP] < Prev", ["click[buy now]"], 2, 1
+    )
     assert "Instruction: i need red socks" in p and "Step 3. Your last 1 steps:" in p
     assert "[2] Did: click[b0a]" in p and "search[red socks]" not in p and "x" * 200 not in p
     assert "Page: Back to Search [SEP] < Prev" in p and "Actions: click[buy now]" in p

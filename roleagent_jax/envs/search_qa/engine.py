@@ -2,7 +2,7 @@
 
 Each turn the agent either searches (`<search>query</search>`: the top passages come back as the
 next observation, inside <information>...</information>) or answers (`<answer>...</answer>`: the
-episode ends with reward WIN_REWARD times the exact match). A turn with neither is invalid: nothing
+episode ends with reward `win_reward` (WIN_REWARD, the reference's 1.0, unless set) times the exact match). A turn with neither is invalid: nothing
 is retrieved, the observation is a format reminder, and the turn is flagged (`info["valid"]`) so
 the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live in the advantage,
 never in the environment reward). After `max_turns` turns without an answer the episode ends at 0.
@@ -21,7 +21,7 @@ from roleagent_jax.envs.search_qa.expert import expert_response
 from roleagent_jax.envs.search_qa.parser import ANSWER, SEARCH, Turn, parse_turn
 from roleagent_jax.envs.search_qa.tasks import QATask
 
-WIN_REWARD = 10.0
+WIN_REWARD = 1.0  # the reference's reward for an exact match (its invalid-turn penalty: 0.01)
 INVALID_PENALTY = 0.01
 MAX_TURNS = 4
 TOPK = 3
@@ -44,10 +44,17 @@ class SearchQAEnv:
     questions only: the expert follows the question's plan).
     """
 
-    def __init__(self, retriever: Retriever, max_turns: int = MAX_TURNS, topk: int = TOPK):
+    def __init__(
+        self,
+        retriever: Retriever,
+        max_turns: int = MAX_TURNS,
+        topk: int = TOPK,
+        win_reward: float = WIN_REWARD,
+    ):
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns} and {topk}")
         self.retriever, self.max_turns, self.topk = retriever, max_turns, topk
+        self.win_reward = win_reward
         self.task: QATask | None = None
         self._expert = False
         self._observations: list[str] = []
@@ -86,7 +93,7 @@ class SearchQAEnv:
             self._observations.append(obs)
         elif turn.kind == ANSWER:
             em = exact_match(turn.content, self.task.golds)
-            reward = WIN_REWARD * em
+            reward = self.win_reward * em
             obs = CORRECT if em else WRONG
         else:
             obs = FORMAT_REMINDER

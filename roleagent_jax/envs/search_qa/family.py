@@ -32,13 +32,16 @@ from typing import Any
 from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
 from roleagent_jax.envs.search_qa import baselines, prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
-from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, SearchQAEnv
+from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, SearchQAEnv
+from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
-from roleagent_jax.envs.search_qa.parser import SEARCH, parse_turn
+from roleagent_jax.envs.search_qa.parser import SEARCH, VALIDITY_RULES, one_action, parse_turn
 from roleagent_jax.envs.search_qa.questions import DEFAULT_MIX, KINDS, generate_questions
+from roleagent_jax.envs.search_qa.reference_prompt import build_reference_prompt
 from roleagent_jax.envs.search_qa.tasks import DATASETS, QATask, check_dataset, dataset_file, load_flashrag
 
 GEN_SPLITS = {"gen_train": "train", "gen_test": "test"}
+PROMPTS = ("reference", "compact")  # verl-agent's SEARCH_TEMPLATE | a short one for tiny models
 HELD_OUT_WORLDS = 1000  # held_out "worlds": gen_test's knowledge bases start this far from kb_seed
 
 
@@ -47,9 +50,10 @@ class QAPayload:
     """What a worker needs to play one question: the question and which retriever answers it."""
 
     task: QATask
-    retriever: tuple  # ("kb", kb_seed, size fields...) | ("http", url) | ("bm25", corpus path)
+    retriever: tuple  # ("kb", kb_seed, size fields...) | ("http", url, request) | ("bm25", corpus path)
     topk: int = TOPK
     max_turns: int = MAX_TURNS
+    win_reward: float = WIN_REWARD
 
 
 _RETRIEVERS: dict[tuple, Retriever] = {}  # per process: one retriever per spec, built on first use
@@ -68,7 +72,7 @@ def retriever_for(spec: tuple) -> Retriever:
         elif kind == "http":
             from roleagent_jax.envs.search_qa.http_retriever import HTTPRetriever
 
-            _RETRIEVERS[spec] = HTTPRetriever(spec[1])
+            _RETRIEVERS[spec] = HTTPRetriever(spec[1], request=spec[2])
         else:
             raise ValueError(f"unknown retriever spec {spec!r}")
     return _RETRIEVERS[spec]
@@ -90,7 +94,7 @@ class SearchQAFamilyEnv:
         if not isinstance(payload, QAPayload):
             raise ValueError(f"task {task.id!r} is not a search-QA task (payload {type(payload).__name__})")
         turns = min(self.max_steps, payload.max_turns)
-        self._engine = SearchQAEnv(retriever_for(payload.retriever), turns, payload.topk)
+        self._engine = SearchQAEnv(retriever_for(payload.retriever), turns, payload.topk, payload.win_reward)
         text, info = self._engine.reset(payload.task, expert=expert and bool(payload.task.plan))
         return self._observation(text, 0.0, False, info)
 
@@ -178,6 +182,14 @@ class SearchQA(Family):
         "max_turns": MAX_TURNS,
         "retriever_url": "",
         "corpus": "",
+        # The reference's choices: Role-Agent's retrieval server ("query"; Search-R1's: "queries"), the
+        # SEARCH_TEMPLATE prompt, its one-action rule ("format"; "block": the first block decides), the
+        # retrieved passages whole (passage_chars 0; > 0 cuts them), reward 1.0 for an exact match.
+        "retriever_request": "query",
+        "prompt": "reference",
+        "valid": "format",
+        "passage_chars": 0,
+        "win_reward": WIN_REWARD,
     }
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = prompts.ANALYSIS_INTRO
@@ -263,7 +275,7 @@ class SearchQA(Family):
     @staticmethod
     def _real_retriever(opts: dict, split: str) -> tuple:
         if opts["retriever_url"]:
-            return ("http", str(opts["retriever_url"]))
+            return ("http", str(opts["retriever_url"]), opts["retriever_request"])
         if opts["corpus"]:
             path = Path(str(opts["corpus"]))
             if not path.is_file():
@@ -285,11 +297,29 @@ class SearchQA(Family):
         step: int,
         history_k: int,
     ) -> str:
-        return prompts.build_agent_prompt(goal, history, observation, step, k=history_k)
+        if self.options["prompt"] == "reference":
+            return build_reference_prompt(goal, prompts.recent_turns(history, observation, history_k), step)
+        chars = self.options["passage_chars"]
+        return prompts.build_agent_prompt(goal, history, observation, step, k=history_k, passage_chars=chars)
 
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
         turn = parse_turn(response)
-        return turn.action, turn.valid
+        if self.options["valid"] == "block":
+            return turn.action, turn.valid
+        return turn.action, turn.valid and one_action(response)
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        for key, allowed in (
+            ("retriever_request", REQUESTS),
+            ("prompt", PROMPTS),
+            ("valid", VALIDITY_RULES),
+        ):
+            if options[key] not in allowed:
+                raise ValueError(f"{key}={options[key]!r}: must be one of {', '.join(allowed)}")
+        if not isinstance(options["passage_chars"], int) or options["passage_chars"] < 0:
+            raise ValueError(f"passage_chars={options['passage_chars']!r}: must be an integer >= 0")
+        if not isinstance(options["win_reward"], (int, float)) or options["win_reward"] <= 0:
+            raise ValueError(f"win_reward={options['win_reward']!r}: must be a number > 0")
 
     def random_response(self, rng, goal: str, observation: Observation) -> str:
         return baselines.random_response(rng, goal, observation.text)
@@ -317,7 +347,8 @@ class SearchQA(Family):
 
 
 def _task(q: QATask, spec: tuple, opts: Mapping[str, Any], plan: tuple[str, ...] | None = None) -> Task:
-    return Task(q.id, q.kind, q.question, QAPayload(q, spec, int(opts["topk"]), int(opts["max_turns"])), plan)
+    payload = QAPayload(q, spec, int(opts["topk"]), int(opts["max_turns"]), float(opts["win_reward"]))
+    return Task(q.id, q.kind, q.question, payload, plan)
 
 
 def _write_questions(questions: Sequence[QATask], path: Path) -> None:

@@ -1,8 +1,10 @@
-"""A client for the retrieval server of Search-R1 / FlashRAG: `POST /retrieve`.
+"""A client for the retrieval servers of Search-R1 / FlashRAG and of Role-Agent: `POST /retrieve`.
 
-Request: {"queries": [...], "topk": k, "return_scores": bool}. Response: {"result": [...]} with one list
-per query, of corpus records ({"id", "contents"}), or of {"document": record, "score": s} when scores
-were asked for. Standard library only (urllib): one request per batch of queries, a timeout on each,
+Request, by `request`: "queries" (Search-R1's server) {"queries": [...], "topk": k, "return_scores": bool},
+one request per batch; "query" (Role-Agent's and verl-agent's server) {"query": "...", "topk": k,
+"return_scores": bool}, one request per query. Response: {"result": [...]} with one list per query
+asked, of corpus records ({"id", "contents"}), or of {"document": record, "score": s} when scores were
+asked for. Standard library only (urllib): one request per batch of queries, a timeout on each,
 and a few retries with growing waits for what a restart or an overload causes (connection refused,
 timeouts, HTTP 429 / 5xx). Everything else fails at once with the URL in the message.
 """
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from roleagent_jax.envs.search_qa.corpus import Passage
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+REQUESTS = ("query", "queries")  # Role-Agent's server | Search-R1's server
 
 
 class RetrieverUnavailable(ConnectionError):
@@ -47,12 +50,15 @@ class HTTPRetriever:
         retries: int = 3,
         backoff: float = 0.5,
         return_scores: bool = True,
+        request: str = "queries",
     ):
         if timeout <= 0 or retries < 0 or backoff < 0:
             raise ValueError("retriever timeout must be > 0, retries and backoff >= 0")
+        if request not in REQUESTS:
+            raise ValueError(f"retriever_request={request!r}: must be one of {', '.join(REQUESTS)}")
         self.url = endpoint(url)
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
-        self.return_scores = return_scores
+        self.return_scores, self.request = return_scores, request
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
         if topk < 1:
@@ -60,9 +66,14 @@ class HTTPRetriever:
         queries = [str(q) for q in queries]
         if not queries:
             return []
-        body = json.dumps({"queries": queries, "topk": topk, "return_scores": self.return_scores}).encode()
-        payload = self._post(body)
-        return self._parse(payload, len(queries), topk)
+        asked = {"topk": topk, "return_scores": self.return_scores}
+        if self.request == "queries":
+            payload = self._post(json.dumps({"queries": queries, **asked}).encode())
+            return self._parse(payload, len(queries), topk)
+        out = []
+        for q in queries:
+            out += self._parse(self._post(json.dumps({"query": q, **asked}).encode()), 1, topk)
+        return out
 
     def _post(self, body: bytes) -> dict:
         attempts = self.retries + 1

@@ -3,7 +3,9 @@
 The agent writes free text; its turn is decided by the first complete <search>...</search> or
 <answer>...</answer> block (the sampler stops at the first closing tag, so normally there is one).
 A turn without such a block, with an empty or over-long content, or with another tag inside the
-block is invalid: the environment answers it with a format reminder.
+block is invalid: the environment answers it with a format reminder. The reference runs' rule
+(`one_action`) also marks a turn invalid when it opens both tags, or either twice; the turn found is
+still played.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ MAX_QUERY_CHARS = 300
 MAX_ANSWER_CHARS = 200
 _BLOCK = re.compile(r"<\s*(search|answer)\s*>(.*?)<\s*/\s*\1\s*>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
+_OPENS = {kind: re.compile(rf"<{kind}>", re.IGNORECASE) for kind in (SEARCH, ANSWER)}
+VALIDITY_RULES = ("format", "block")  # the reference's rule | the first complete block decides alone
 
 
 @dataclass(frozen=True)
@@ -54,3 +58,9 @@ def parse_turn(response: str | None) -> Turn:
     if len(content) > limit:
         return Turn(None, error=f"<{kind}> block longer than {limit} characters")
     return Turn(kind, content)
+
+
+def one_action(response: str) -> bool:
+    """The reference's check: the response opens <search> or <answer>, not both, and neither twice."""
+    searches, answers = (len(_OPENS[k].findall(response)) for k in (SEARCH, ANSWER))
+    return not (searches and answers) and searches <= 1 and answers <= 1

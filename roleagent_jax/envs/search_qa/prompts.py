@@ -1,8 +1,9 @@
-"""The agent prompt, the WIA predictor framing and the analysis framing of search QA.
+"""The compact agent prompt, the WIA predictor framing and the analysis framing of search QA.
 
-The agent prompt keeps the reference structure of Search-R1 and verl-agent's search environment
+The compact prompt keeps the reference structure of Search-R1 and verl-agent's search environment
 (the rules of the three tags, the question, the turn number, the earlier searches with what they
-returned) in few words: the demo's tiny model reads it in a context of about a thousand tokens.
+returned) in few words: the demo's tiny model reads it in a context of about a thousand tokens. The
+reference wording is `reference_prompt.py`.
 The predictor plays the search engine: given the question and a query, it writes the information
 the query will bring back (the observation WIA scores); WIA's generic prompt takes these words.
 """
@@ -23,8 +24,16 @@ RULES = (
 
 
 def _clip(text: str, n: int) -> str:
+    """`text` with whitespace collapsed, cut to `n` characters when n > 0."""
     text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return text if n <= 0 or len(text) <= n else text[: n - 3] + "..."
+
+
+def recent_turns(history: Sequence[tuple[str, str]], observation: str, k: int) -> list[tuple[str, str]]:
+    """The last `k` earlier turns as (action, what it brought back): `history` holds (observation,
+    action) pairs, oldest first, and `observation` is what the last action brought back."""
+    results = [obs for obs, _ in history[1:]] + [observation]
+    return list(zip([a for _, a in history], results))[-k:] if k > 0 else []
 
 
 def build_agent_prompt(
@@ -33,20 +42,15 @@ def build_agent_prompt(
     observation: str,
     step: int,
     k: int = 3,
-    obs_chars: int = 1200,
+    passage_chars: int = 0,
 ) -> str:
-    """The agent's prompt at turn `step` (0-based).
-
-    `history` holds earlier (observation, action) pairs, oldest first, and `observation` is what the
-    last action brought back; the prompt shows the last `k` actions, each followed by its result.
-    """
+    """The compact prompt at turn `step` (0-based): the last `k` actions, each followed by its result,
+    the retrieved text cut to `passage_chars` characters when > 0 (whitespace collapsed either way)."""
     lines = [RULES, question_observation(question), f"Turn {step + 1}."]
-    results = [obs for obs, _ in history[1:]] + [observation]
-    pairs = list(zip([a for _, a in history], results))[-k:] if k > 0 else []
-    for action, result in pairs:
+    for action, result in recent_turns(history, observation, k):
         turn = parse_turn(action)
         lines.append(turn.action if turn.valid else _clip(action, 80) or "(no action)")
-        lines.append(_clip(result, obs_chars))
+        lines.append(_clip(result, passage_chars))
     return "\n".join(lines)
 
 

@@ -43,6 +43,12 @@ class QATask:
     plan: tuple = ()
 
 
+def as_asked(question: str) -> str:
+    """The question as Search-R1 asks it: stripped, with a "?" added when it does not end with one."""
+    question = question.strip()
+    return question if question.endswith("?") else question + "?"
+
+
 def check_dataset(name: str) -> str:
     if name not in DATASETS:
         raise ValueError(f"unknown QA dataset {name!r}; known: {', '.join(DATASETS)}")
@@ -50,7 +56,8 @@ def check_dataset(name: str) -> str:
 
 
 def load_flashrag(path: str | os.PathLike, dataset: str, limit: int = 0) -> list[QATask]:
-    """Questions of a FlashRAG-format JSONL file, in file order (the first `limit` when > 0)."""
+    """Questions of a FlashRAG-format JSONL file, in file order (the first `limit` when > 0), each asked
+    as Search-R1 asks it (`as_asked`)."""
     check_dataset(dataset)
     path = Path(path)
     if not path.is_file():
@@ -76,7 +83,7 @@ def load_flashrag(path: str | os.PathLike, dataset: str, limit: int = 0) -> list
             if not isinstance(golds, list) or not golds or not all(isinstance(g, str) for g in golds):
                 raise ValueError(f"{where}: key 'golden_answers' must be a non-empty list of strings")
             rid = str(record.get("id", f"{dataset}_{n - 1}"))
-            tasks.append(QATask(question.strip(), tuple(golds), dataset, dataset, rid))
+            tasks.append(QATask(as_asked(question), tuple(golds), dataset, dataset, rid))
             if limit and len(tasks) >= limit:
                 break
     if not tasks:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from roleagent_jax.envs.search_qa.tasks import QATask
+from roleagent_jax.envs.search_qa.tasks import QATask, as_asked
 
 # our name -> (TFDS builder, default config, the FlashRAG name the tasks are reported under)
 TFDS_SETS: dict[str, tuple[str, str | None, str]] = {
@@ -87,7 +87,9 @@ def load_tfds(
     for i, example in enumerate(_examples(builder, split)):
         golds = _golds(name, example)
         if golds:
-            tasks.append(QATask(_text(example["question"]).strip(), golds, reported, reported, f"{name}_{i}"))
+            tasks.append(
+                QATask(as_asked(_text(example["question"])), golds, reported, reported, f"{name}_{i}")
+            )
         if limit and len(tasks) >= limit:
             break
     return tasks
