@@ -31,7 +31,7 @@ def test_search_then_answer(env):
     assert obs == info["anchor"] == "Question: In which country was Alven Moradi born?"
     obs, r, done, info = env.step("<think>look up</think><search>Alven Moradi</search>")
     assert (r, done, info["valid"], info["turn_kind"], info["step"]) == (0.0, False, True, "search", 1)
-    assert obs.startswith("<information>Doc 1(Title: Alven Moradi) Alven Moradi (born 1874 in Tarsk)")
+    assert obs.startswith('<information>Doc 1(Title: "Alven Moradi") Alven Moradi (born 1874 in Tarsk)')
     assert obs.count("Doc ") == 1 and obs == info["anchor"]  # only passages sharing a term; text = anchor
     obs, _, _, _ = env.step("<search>Veltia</search>")
     assert obs.count("Doc ") == 2  # topk of the three that name Veltia

@@ -144,7 +144,7 @@ def test_real_splits_with_a_local_corpus(family, tmp_path):
     single = family.task_pool("nq", data_dir=data / "nq" / "test.jsonl", options=opts)  # or the file itself
     assert [t.goal for t in test.tasks] == [t.goal for t in single.tasks] == ["capital of veltia?"]
     obs = _play(family.make_env(4), test[0], ["<search>Veltia capital</search>", "<answer>Tarsk</answer>"])
-    assert obs[1].text.startswith("<information>Doc 1(Title: Veltia)") and obs[2].won
+    assert obs[1].text.startswith('<information>Doc 1(Title: "Veltia")') and obs[2].won
     with pytest.raises(ValueError, match="needs a retriever: set the env option retriever_url"):
         family.task_pool("nq", data_dir=data)
     with pytest.raises(FileNotFoundError, match="corpus file not found"):

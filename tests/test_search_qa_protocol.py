@@ -29,7 +29,7 @@ def test_reference_prompt_holds_all_three_passages_uncut():
     prompt = family.agent_prompt(TASK.question, [(first, "<search>Tarsk</search>")], info_obs, None, 1, 4)
     assert sum(len(p.text) for p in PASSAGES) > 1200
     for p in PASSAGES:
-        assert f"(Title: {p.title}) {p.text}" in prompt  # every passage, whole
+        assert f'Doc {int(p.id) + 1}(Title: "{p.title}") {p.text}' in prompt  # every passage, whole
     assert prompt.startswith(
         "\nYou are an expert agent tasked with answering the given question step-by-step."
     )

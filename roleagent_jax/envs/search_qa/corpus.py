@@ -85,17 +85,27 @@ def write_corpus(passages: Sequence[Passage], path: str | os.PathLike) -> None:
 NO_RESULTS = "No results."
 
 
-def format_information(passages: Sequence[Passage]) -> str:
-    """The retrieved passages as the agent reads them: 'Doc 1(Title: T) text', one per line."""
+TITLES = (
+    "quoted",
+    "plain",
+)  # Search-R1's 'Doc 1(Title: "T") text' (the corpus's quoted title) | 'Doc 1(Title: T) text'
+
+
+def format_information(passages: Sequence[Passage], titles: str = "plain") -> str:
+    """The retrieved passages as the agent reads them, one per line: 'Doc 1(Title: "T") text' with
+    `titles="quoted"` (Search-R1 prints the corpus's first line, a quoted title), else 'Doc 1(Title: T)
+    text'."""
     if not passages:
         return NO_RESULTS
-    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, 1))
+    quote = '"' if titles == "quoted" else ""
+    return "\n".join(f"Doc {i}(Title: {quote}{p.title}{quote}) {p.text}" for i, p in enumerate(passages, 1))
 
 
-_DOC = re.compile(r"^Doc \d+\(Title: (.*?)\) (.*)$")
+_DOC = re.compile(r'^Doc \d+\(Title: ("[^"]*"|.*?)\) (.*)$')
 
 
 def parse_information(text: str) -> list[Passage]:
     """The passages of an information text (the inverse of `format_information`; other lines ignored)."""
     text = text.replace("<information>", "\n").replace("</information>", "\n")
-    return [Passage(m.group(1), m.group(2)) for line in text.splitlines() if (m := _DOC.match(line.strip()))]
+    lines = (_DOC.match(line.strip()) for line in text.splitlines())
+    return [Passage(m.group(1).strip('"'), m.group(2)) for m in lines if m]

@@ -1,7 +1,8 @@
 """The search-QA episode: search until ready, then answer; exact match decides the reward.
 
 Each turn the agent either searches (`<search>query</search>`: the top passages come back as the
-next observation, inside <information>...</information>) or answers (`<answer>...</answer>`: the
+next observation, inside <information>...</information>, titles quoted as Search-R1 prints them unless
+`titles="plain"`) or answers (`<answer>...</answer>`: the
 episode ends with reward `win_reward` (WIN_REWARD, the reference's 1.0, unless set) times the exact match). A turn with neither is invalid: nothing
 is retrieved, the observation is a format reminder, and the turn is flagged (`info["valid"]`) so
 the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live in the advantage,
@@ -50,11 +51,12 @@ class SearchQAEnv:
         max_turns: int = MAX_TURNS,
         topk: int = TOPK,
         win_reward: float = WIN_REWARD,
+        titles: str = "quoted",
     ):
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns} and {topk}")
         self.retriever, self.max_turns, self.topk = retriever, max_turns, topk
-        self.win_reward = win_reward
+        self.win_reward, self.titles = win_reward, titles
         self.task: QATask | None = None
         self._expert = False
         self._observations: list[str] = []
@@ -89,7 +91,7 @@ class SearchQAEnv:
         em, reward = 0.0, 0.0
         if turn.kind == SEARCH:
             passages = self.retriever.retrieve([turn.content], self.topk)[0]
-            obs = f"<information>{format_information(passages)}</information>"
+            obs = f"<information>{format_information(passages, self.titles)}</information>"
             self._observations.append(obs)
         elif turn.kind == ANSWER:
             em = exact_match(turn.content, self.task.golds)
