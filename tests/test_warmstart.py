@@ -68,7 +68,8 @@ def test_known_plans_replay_without_the_planner_and_give_the_planners_episodes(p
 def test_examples_train_the_label_and_show_the_played_history(pool):
     with EnvPool(ALFWORLD, pool, num_workers=2, max_steps=50) as envs:
         trajs = expert_episodes(ALFWORLD, envs, [0, 1], 50, explore=0.5, seed=3)
-    examples = examples_from_episodes(trajs, ALFWORLD, history_k=1, horizon=1, predictor=False)
+    compact = ALFWORLD.configured({"prompt": "compact"})  # its history lines read "Did: <command>"
+    examples = examples_from_episodes(trajs, compact, history_k=1, horizon=1, predictor=False)
     agent = [e for e in examples if e.role == "agent"]
     assert [e.target for e in agent] == [s.response for t in trajs for s in t.steps]
     checked, offset = 0, 0

@@ -111,7 +111,7 @@ class HTTPRetriever:
                 raise ValueError(f"retrieval server {self.url} sent a body that is not JSON") from exc
         raise RetrieverUnavailable(
             f"retrieval server {self.url} {last} after {attempts} attempt(s); start the server "
-            "(e.g. Search-R1's retrieval_server.py) or use the local BM25 retriever"
+            "(Role-Agent's or Search-R1's retrieval_server.py) or use the local BM25 retriever"
         )
 
     def _parse(self, payload, n: int, topk: int) -> list[list[Passage]]:
