@@ -85,10 +85,8 @@ def write_corpus(passages: Sequence[Passage], path: str | os.PathLike) -> None:
 NO_RESULTS = "No results."
 
 
-TITLES = (
-    "quoted",
-    "plain",
-)  # Search-R1's 'Doc 1(Title: "T") text' (the corpus's quoted title) | 'Doc 1(Title: T) text'
+# Search-R1's 'Doc 1(Title: "T") text' (the corpus's quoted title) | 'Doc 1(Title: T) text'
+TITLES = ("quoted", "plain")
 
 
 def format_information(passages: Sequence[Passage], titles: str = "plain") -> str:

@@ -2,8 +2,8 @@
 
 Each turn the agent either searches (`<search>query</search>`: the top passages come back as the
 next observation, inside <information>...</information>, titles quoted as Search-R1 prints them unless
-`titles="plain"`) or answers (`<answer>...</answer>`: the
-episode ends with reward `win_reward` (WIN_REWARD, the reference's 1.0, unless set) times the exact match). A turn with neither is invalid: nothing
+`titles="plain"`) or answers (`<answer>...</answer>`: the episode ends with reward `win_reward`, by
+default the reference's WIN_REWARD of 1.0, times the exact match). A turn with neither is invalid: nothing
 is retrieved, the observation is a format reminder, and the turn is flagged (`info["valid"]`) so
 the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live in the advantage,
 never in the environment reward). After `max_turns` turns without an answer the episode ends at 0.

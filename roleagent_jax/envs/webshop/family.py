@@ -1,10 +1,11 @@
 """WebShop as a scenario family of the environment contract, registered as "webshop".
 
 Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA), by the option `protocol`:
-"paper" (the default; verl-agent's and Role-Agent's runs, `human_goals=False`): WebShop's synthetic goals
-(one per option combination of each product), "train" goals 500 onwards, "test" a fixed draw of 256 of
-the first 500 (the reference evaluates 2 x 128 episodes drawn from them); "webshop" (WebShop's own
-protocol): the human instructions, "test" the first 500 goals, "train" the rest. Generated (no download): "gen_test" and
+"paper" (the default; verl-agent's and Role-Agent's runs, `human_goals=False`): WebShop's synthetic
+goals (one per option combination of each product), "train" goals 500 onwards, "test" a fixed draw of
+256 of the first 500 (the reference evaluates 2 x 128 episodes drawn from them); "webshop" (WebShop's
+own protocol): the human instructions, "test" the first 500 goals, "train" the rest. The protocol
+concerns real data only. Generated (no download): "gen_test" and
 "gen_train" are disjoint goals on the seen product families of one generated shop (the first and the
 second half of them, in WebShop's shuffled goal order: with the shop option `goals_per_product` > 1 a
 product's goals fall on both sides), "gen_unseen" the goals on families that are never trained on; `n` takes the
@@ -39,9 +40,8 @@ GEN_SPLITS = ("gen_test", "gen_train", "gen_unseen")
 PROTOCOLS = {"paper": "synthetic", "webshop": "human"}  # protocol -> the goals its real splits play
 PROMPTS = ("reference", "compact")  # the reference runs' WEBSHOP_TEMPLATE | a short one for tiny models
 PAPER_TEST_GOALS = 256  # the reference evaluates 2 x 128 episodes on goals drawn from the first 500
-PAPER_TEST_SEED = (
-    1000  # the draw is fixed (the reference's validation seed offset), so every run's panel agrees
-)
+# The draw is fixed (seed: the reference's validation seed offset), so every run's panel agrees.
+PAPER_TEST_SEED = 1000
 _PRICE = re.compile(r"price lower than [\d.]+ dollars")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
