@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from roleagent_jax.envs.webshop.prices import price_clause
+from roleagent_jax.envs.webshop.synthetic import synthetic_goals
+
 PRODUCTS_FILE = "items_shuffle_1000.json"
 ATTRIBUTES_FILE = "items_ins_v2_1000.json"
 HUMAN_FILE = "items_human_ins.json"
@@ -35,8 +38,6 @@ DATA_ENV = "WEBSHOP_DATA"
 GOAL_SHUFFLE_SEED = 233  # WebShop's own
 GOAL_KINDS = ("human", "synthetic")
 TEST_GOALS = 500  # the reference runs test on the first 500 goals and train on the rest
-PRICE_RANGE = [10.0 * i for i in range(1, 100)]
-NO_PRICE_CAP = 1_000_000
 SETUP_HINT = (
     "WebShop's catalogue is not bundled: run WebShop's setup.sh (github.com/princeton-nlp/WebShop, "
     "`./setup.sh -d small`), then set $WEBSHOP_DATA (or --config.env.data_dir) to its data/ folder. "
@@ -124,16 +125,6 @@ def product_prices(products: list[dict], rng: random.Random) -> dict[str, float]
     return out
 
 
-def price_clause(price: float, rng: random.Random) -> tuple[float, str]:
-    """(price cap, clause): the larger of two of the four multiples of 10 above `price`; none when fewer
-    than two exist."""
-    above = [p for p in PRICE_RANGE if p > price][:4]
-    if len(above) < 2:
-        return NO_PRICE_CAP, ""
-    _, cap = sorted(rng.sample(above, 2))
-    return cap, f", and price lower than {cap:.2f} dollars"
-
-
 def human_goals(products: list[dict], prices: dict[str, float], rng: random.Random) -> list[dict]:
     """One goal per human instruction with attributes, its price cap from `price_clause`."""
     goals = []
@@ -190,8 +181,6 @@ class Catalogue:
         if goals == "human":
             made = human_goals(products, prices, rng)
         else:
-            from roleagent_jax.envs.webshop.synthetic import synthetic_goals  # it builds on this module
-
             made = synthetic_goals(products, prices, rng)
         random.Random(GOAL_SHUFFLE_SEED).shuffle(made)
         return cls(products, prices, made, str(root))

@@ -13,7 +13,7 @@ import itertools
 import random
 from collections import Counter
 
-from roleagent_jax.envs.webshop.catalog import price_clause
+from roleagent_jax.envs.webshop.prices import price_clause
 
 
 def synthetic_goals(products: list[dict], prices: dict[str, float], rng: random.Random) -> list[dict]:
