@@ -85,7 +85,7 @@ def get_config() -> ConfigDict:
     c.env.search_qa.valid = "format"  # format (one search or answer, as published) | block (first block)
     c.env.search_qa.passage_chars = 0  # retrieved text in the prompt: 0 = whole, as published; > 0 cuts it
     c.env.search_qa.win_reward = 1.0  # reward of an exact match (the reference's 1.0)
-    c.env.search_qa.titles = "quoted"  # quoted (Search-R1's Doc 1(Title: "T")) | plain (Doc 1(Title: T))
+    c.env.search_qa.wording = "search_r1"  # search_r1 (its quoted titles, its invalid-turn message) | compact
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_iter = 16  # B

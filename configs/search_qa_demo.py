@@ -51,13 +51,13 @@ def get_config():
     # Three-hop chains make prompts long for a 1k-token model: the demo asks the other three kinds.
     c.env.search_qa.mix = {"single_hop": 0.4, "bridge": 0.4, "comparison": 0.2}
     # The compact prompt with retrieved text cut to 1,200 characters fits the 1k-token model; its warm
-    # start writes no reasoning, so the first block decides a turn; reward 10 (the paper: 1.0) and titles
-    # without quotes are what the demo was measured with. The reference's choices are the family's defaults.
+    # start writes no reasoning, so the first block decides a turn; reward 10 (the paper: 1.0) and the compact
+    # wording of observations are what the demo was measured with. The reference's choices are the family's defaults.
     c.env.search_qa.prompt = "compact"
     c.env.search_qa.valid = "block"
     c.env.search_qa.passage_chars = 1200
     c.env.search_qa.win_reward = 10.0
-    c.env.search_qa.titles = "plain"
+    c.env.search_qa.wording = "compact"
 
     c.rollout.tasks_per_iter = 16
     c.rollout.group_size = 5

@@ -4,7 +4,7 @@ import pytest
 
 from roleagent_jax.aiw.taxonomy import UNKNOWN
 from roleagent_jax.envs.search_qa import INVALID_PENALTY, WIN_REWARD, BM25Retriever, Passage, SearchQAEnv
-from roleagent_jax.envs.search_qa.engine import CORRECT, FORMAT_REMINDER, WRONG
+from roleagent_jax.envs.search_qa.engine import CORRECT, FORMAT_REMINDER, INVALID_SEARCH_R1, WRONG
 from roleagent_jax.envs.search_qa.heuristic import RULE_ORDER, analyse
 from roleagent_jax.envs.search_qa.prompts import build_agent_prompt
 from roleagent_jax.envs.search_qa.tasks import QATask
@@ -44,7 +44,13 @@ def test_search_then_answer(env):
 def test_wrong_answer_invalid_turns_and_turn_limit(env):
     env.reset(TASK)
     obs, r, done, info = env.step("I think it is Veltia")
-    assert (obs, r, done, info["valid"], info["turn_kind"]) == (FORMAT_REMINDER, 0.0, False, False, "invalid")
+    assert (obs, r, done, info["valid"], info["turn_kind"]) == (
+        INVALID_SEARCH_R1,
+        0.0,
+        False,
+        False,
+        "invalid",
+    )
     env.step("<search>Tarsk</search>")
     obs, _, done, info = env.step("<search>Orrin</search>")
     assert not done and obs == info["anchor"]

@@ -81,6 +81,7 @@ def test_bad_options_name_the_key_and_value():
         ({"passage_chars": -1}, "passage_chars=-1"),
         ({"win_reward": 0}, "win_reward=0"),
         ({"retriever_request": "batch"}, "retriever_request='batch'"),
+        ({"wording": "terse"}, "wording='terse'"),
     ):
         with pytest.raises(ValueError, match=message):
             family.configured(options)
@@ -171,3 +172,14 @@ def test_family_sends_the_role_agent_shape_by_default(tmp_path):
         assert env.step("<answer>Tarsk</answer>").reward == 1.0
     finally:
         server.close()
+
+
+def test_wording_of_observations():
+    env = SearchQAEnv(BM25Retriever(PASSAGES), max_turns=4, topk=1)  # Search-R1's wording by default
+    env.reset(TASK)
+    assert env.step("no tags")[0].startswith("My previous action is invalid. If I want to search,")
+    assert env.step("<search>fact2_1</search>")[0].startswith('<information>Doc 1(Title: "Entity 2") ')
+    env = SearchQAEnv(BM25Retriever(PASSAGES), max_turns=4, topk=1, wording="compact")
+    env.reset(TASK)
+    assert env.step("no tags")[0].startswith("Invalid turn.")
+    assert env.step("<search>fact2_1</search>")[0].startswith("<information>Doc 1(Title: Entity 2) ")

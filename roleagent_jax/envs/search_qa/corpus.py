@@ -85,17 +85,13 @@ def write_corpus(passages: Sequence[Passage], path: str | os.PathLike) -> None:
 NO_RESULTS = "No results."
 
 
-# Search-R1's 'Doc 1(Title: "T") text' (the corpus's quoted title) | 'Doc 1(Title: T) text'
-TITLES = ("quoted", "plain")
-
-
-def format_information(passages: Sequence[Passage], titles: str = "plain") -> str:
+def format_information(passages: Sequence[Passage], quoted_titles: bool = False) -> str:
     """The retrieved passages as the agent reads them, one per line: 'Doc 1(Title: "T") text' with
-    `titles="quoted"` (Search-R1 prints the corpus's first line, a quoted title), else 'Doc 1(Title: T)
+    `quoted_titles` (Search-R1 prints the corpus's first line, a quoted title), else 'Doc 1(Title: T)
     text'."""
     if not passages:
         return NO_RESULTS
-    quote = '"' if titles == "quoted" else ""
+    quote = '"' if quoted_titles else ""
     return "\n".join(f"Doc {i}(Title: {quote}{p.title}{quote}) {p.text}" for i, p in enumerate(passages, 1))
 
 

@@ -1,8 +1,7 @@
 """The search-QA episode: search until ready, then answer; exact match decides the reward.
 
 Each turn the agent either searches (`<search>query</search>`: the top passages come back as the
-next observation, inside <information>...</information>, titles quoted as Search-R1 prints them unless
-`titles="plain"`) or answers (`<answer>...</answer>`: the episode ends with reward `win_reward`, by
+next observation, inside <information>...</information>) or answers (`<answer>...</answer>`: the episode ends with reward `win_reward`, by
 default the reference's WIN_REWARD of 1.0, times the exact match). A turn with neither is invalid: nothing
 is retrieved, the observation is a format reminder, and the turn is flagged (`info["valid"]`) so
 the trainer applies the invalid-format penalty (INVALID_PENALTY; penalties live in the advantage,
@@ -26,6 +25,14 @@ WIN_REWARD = 1.0  # the reference's reward for an exact match (its invalid-turn 
 INVALID_PENALTY = 0.01
 MAX_TURNS = 4
 TOPK = 3
+# What an invalid turn brings back, and how passages are printed, by `wording`: Search-R1's words (its
+# corrective message; titles quoted as the corpus stores them) or the compact ones the demo was tuned on.
+WORDINGS = ("search_r1", "compact")
+INVALID_SEARCH_R1 = (
+    "My previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again."
+)
 FORMAT_REMINDER = (
     "Invalid turn. To search, put the query between <search> and </search>. "
     "To give the final answer, put it between <answer> and </answer>."
@@ -51,12 +58,14 @@ class SearchQAEnv:
         max_turns: int = MAX_TURNS,
         topk: int = TOPK,
         win_reward: float = WIN_REWARD,
-        titles: str = "quoted",
+        wording: str = "search_r1",
     ):
         if max_turns < 1 or topk < 1:
             raise ValueError(f"max_turns and topk must be >= 1, got {max_turns} and {topk}")
         self.retriever, self.max_turns, self.topk = retriever, max_turns, topk
-        self.win_reward, self.titles = win_reward, titles
+        if wording not in WORDINGS:
+            raise ValueError(f"wording={wording!r}: must be one of {', '.join(WORDINGS)}")
+        self.win_reward, self.wording = win_reward, wording
         self.task: QATask | None = None
         self._expert = False
         self._observations: list[str] = []
@@ -91,14 +100,14 @@ class SearchQAEnv:
         em, reward = 0.0, 0.0
         if turn.kind == SEARCH:
             passages = self.retriever.retrieve([turn.content], self.topk)[0]
-            obs = f"<information>{format_information(passages, self.titles)}</information>"
+            obs = f"<information>{format_information(passages, self.wording == 'search_r1')}</information>"
             self._observations.append(obs)
         elif turn.kind == ANSWER:
             em = exact_match(turn.content, self.task.golds)
             reward = self.win_reward * em
             obs = CORRECT if em else WRONG
         else:
-            obs = FORMAT_REMINDER
+            obs = INVALID_SEARCH_R1 if self.wording == "search_r1" else FORMAT_REMINDER
         self._done = turn.kind == ANSWER or self.turns >= self.max_turns
         info = self._info(obs, turn, em)
         self._last = (obs, info)

@@ -31,8 +31,8 @@ from typing import Any
 
 from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
 from roleagent_jax.envs.search_qa import baselines, prompts, taxonomy
-from roleagent_jax.envs.search_qa.corpus import TITLES, Retriever, write_corpus
-from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, SearchQAEnv
+from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
+from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
 from roleagent_jax.envs.search_qa.parser import SEARCH, VALIDITY_RULES, one_action, parse_turn
@@ -54,7 +54,7 @@ class QAPayload:
     topk: int = TOPK
     max_turns: int = MAX_TURNS
     win_reward: float = WIN_REWARD
-    titles: str = "quoted"
+    wording: str = "search_r1"
 
 
 _RETRIEVERS: dict[tuple, Retriever] = {}  # per process: one retriever per spec, built on first use
@@ -96,7 +96,7 @@ class SearchQAFamilyEnv:
             raise ValueError(f"task {task.id!r} is not a search-QA task (payload {type(payload).__name__})")
         turns = min(self.max_steps, payload.max_turns)
         self._engine = SearchQAEnv(
-            retriever_for(payload.retriever), turns, payload.topk, payload.win_reward, payload.titles
+            retriever_for(payload.retriever), turns, payload.topk, payload.win_reward, payload.wording
         )
         text, info = self._engine.reset(payload.task, expert=expert and bool(payload.task.plan))
         return self._observation(text, 0.0, False, info)
@@ -147,10 +147,10 @@ def _mix(options: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _play_expert(
-    tasks: Sequence[QATask], retriever: Retriever, topk: int, max_turns: int, titles: str
+    tasks: Sequence[QATask], retriever: Retriever, topk: int, max_turns: int, wording: str
 ) -> list[tuple[str, ...] | None]:
     """Each question's expert responses when the expert, reading real retrievals, answers right."""
-    env = SearchQAEnv(retriever, max_turns, topk, titles=titles)
+    env = SearchQAEnv(retriever, max_turns, topk, wording=wording)
     plans = []
     for t in tasks:
         _, info = env.reset(t, expert=True)
@@ -193,7 +193,7 @@ class SearchQA(Family):
         "valid": "format",
         "passage_chars": 0,
         "win_reward": WIN_REWARD,
-        "titles": "quoted",  # passage titles as Search-R1 prints them ("plain": without the quotes)
+        "wording": "search_r1",  # observations in Search-R1's words (engine.WORDINGS)
     }
     predictor_framing = prompts.PREDICTOR_FRAMING
     analysis_intro = prompts.ANALYSIS_INTRO
@@ -256,7 +256,7 @@ class SearchQA(Family):
                 questions = [replace(q, id=f"{q.id}_kb{kb_seed}") for q in questions]
             spec = ("kb", kb_seed, size.countries, size.cities, size.people, size.works)
             plans = _play_expert(
-                questions, retriever_for(spec), opts["topk"], opts["max_turns"], opts["titles"]
+                questions, retriever_for(spec), opts["topk"], opts["max_turns"], opts["wording"]
             )
             tasks += [_task(q, spec, opts, plan) for q, plan in zip(questions, plans)]
             if gen_dir:
@@ -319,7 +319,7 @@ class SearchQA(Family):
             ("retriever_request", REQUESTS),
             ("prompt", PROMPTS),
             ("valid", VALIDITY_RULES),
-            ("titles", TITLES),
+            ("wording", WORDINGS),
         ):
             if options[key] not in allowed:
                 raise ValueError(f"{key}={options[key]!r}: must be one of {', '.join(allowed)}")
@@ -355,7 +355,7 @@ class SearchQA(Family):
 
 def _task(q: QATask, spec: tuple, opts: Mapping[str, Any], plan: tuple[str, ...] | None = None) -> Task:
     payload = QAPayload(
-        q, spec, int(opts["topk"]), int(opts["max_turns"]), float(opts["win_reward"]), opts["titles"]
+        q, spec, int(opts["topk"]), int(opts["max_turns"]), float(opts["win_reward"]), opts["wording"]
     )
     return Task(q.id, q.kind, q.question, payload, plan)
 
