@@ -55,7 +55,7 @@ def test_reference_template_slots(family):
         ("<think>try</think><action>open fridge 1</action>", ("open fridge 1", True)),  # not available: valid
         ("<action>go to cabinet 1</action>", ("go to cabinet 1", False)),  # no reasoning block
         ("<think>去</think><action>look</action>", ("look", False)),  # a CJK character
-        ("<think>x</think><action>look", ("look", True)),  # the sampler stopped at </action>
+        ("<think>x</think><action>look", (None, False)),  # cut before </action> (at the length limit)
         ("<think>x</think> look", (None, False)),  # no action block
     ],
 )

@@ -44,16 +44,16 @@ def action_block(response: object) -> str | None:
 
 def reference_action(response: object) -> tuple[str | None, bool]:
     """(action, well formed) as the reference runs project an answer: the action is the text between the
-    first `<action>` and the first `</action>` (or the end, where the sampler stopped at that stop string),
-    whitespace collapsed; the answer is well formed when it also holds `<think>` and `</think>` and no CJK
-    character. Whether the action is available plays no part: the env answers an unavailable one."""
+    first `<action>` and the first `</action>` after it (the sampler keeps that stop string), whitespace
+    collapsed; the answer is well formed when it also holds `<think>` and `</think>` and no CJK character.
+    Whether the action is available plays no part: the env answers an unavailable one."""
     if not isinstance(response, str):
         return None, False
     opened = _ACTION_OPEN.search(response)
-    if opened is None:
+    closed = _ACTION_CLOSE.search(response, opened.end()) if opened else None
+    if closed is None:
         return None, False
-    closed = _ACTION_CLOSE.search(response, opened.end())
-    action = " ".join(response[opened.end() : closed.start() if closed else None].split())
+    action = " ".join(response[opened.end() : closed.start()].split())
     if not action or len(action) > MAX_ACTION_CHARS:
         return None, False
     formed = "<think>" in response and "</think>" in response and not _CJK.search(response)
