@@ -8,13 +8,19 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, torch_logits, torch_qwen2
 
-from roleagent_jax.models import load_pretrained, save_pretrained
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora, projections
 from roleagent_jax.models.peft_io import save_adapter
+from roleagent_jax.sharding import make_mesh, param_shardings
+from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
+
+VOCAB = 128
 
 
 def randomise_b(model, seed: int = 0) -> None:
@@ -70,3 +76,96 @@ def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets)
     assert max_diff_on_real(torch_logits(reloaded, ids, mask, pos), theirs, mask) <= 1e-4
     again, _ = load_pretrained(tmp_path / "merged", scan_layers=scan)
     assert max_diff_on_real(forward(again, ids, mask), ours, mask) <= 1e-4
+
+
+# -- training --------------------------------------------------------------------------------------
+
+
+def lora_model(scan: bool = False, dropout: float = 0.0):
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, scan_layers=scan,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    plain = nnx.split(model)
+    add_lora(model, LoRAConfig(rank=8, alpha=16, dropout=dropout), nnx.Rngs(1))
+    return plain, nnx.split(model, LoRAParam, ...)
+
+
+def fixed_batch(n: int = 8):
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, VOCAB, size=int(rng.integers(2, 10))).tolist() for _ in range(n)]
+    responses = [rng.integers(1, VOCAB, size=int(rng.integers(2, 8))).tolist() for _ in range(n)]
+    batch = {k: jnp.asarray(v) for k, v in pack_rows(prompts, responses, 0, length_bucket=8).items()}
+    batch["advantages"] = jnp.ones((n,), jnp.float32)
+    return batch
+
+
+def response_nll(logprob, adapters, batch, base) -> float:
+    lp = np.asarray(logprob(adapters, batch, base))
+    mask = np.asarray(batch["loss_mask"])
+    return float(-(lp * mask).sum() / mask.sum())
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_lora_step_trains_only_the_adapters_and_the_loss_falls(scan):
+    (plain_def, plain), (graphdef, adapters, base) = lora_model(scan)
+    base_before = jax.tree.map(np.asarray, base)
+    logprob = make_logprob_fn(graphdef)
+    batch = fixed_batch()
+    # The KL reference: the same base with the adapters off (zero), equal to the plain model.
+    zeros = jax.tree.map(jnp.zeros_like, adapters)
+    plain_lp = make_logprob_fn(plain_def)(plain, batch)
+    np.testing.assert_array_equal(np.asarray(logprob(zeros, batch, base)), np.asarray(plain_lp))
+    batch["ref_logprobs"] = plain_lp
+    optimizer = make_optimizer(1e-2, weight_decay=0.0)
+    state = TrainState.create(adapters, optimizer, jax.random.PRNGKey(0))
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapters))
+    step = make_train_step(graphdef, optimizer, {"kl_type": "low_var_kl", "kl_coef": 0.01})
+    nll = [response_nll(logprob, state.params, batch, base)]
+    losses = []
+    for _ in range(6):
+        batch["old_logprobs"] = logprob(state.params, batch, base)  # each step on-policy, as an iteration
+        state, metrics = step(state, batch, base)
+        losses.append(float(metrics["loss"]))
+        nll.append(response_nll(logprob, state.params, batch, base))
+    assert all(b < a for a, b in zip(nll, nll[1:])), nll
+    assert nll[-1] < nll[0] - 0.5, nll
+    assert float(metrics["kl_ref"]) > 0
+    for a, b in zip(jax.tree.leaves(base_before), jax.tree.leaves(base)):
+        np.testing.assert_array_equal(a, np.asarray(b))  # the base never moves
+
+
+needs_8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices (tests/conftest.py)")
+
+
+@needs_8
+def test_sharded_lora_step_with_dropout_equals_single_device():
+    _, (graphdef, adapters, base) = lora_model(scan=True, dropout=0.1)
+    logprob = make_logprob_fn(graphdef)
+    batch = fixed_batch()
+    batch["old_logprobs"] = logprob(adapters, batch, base)
+    optimizer = optax.sgd(1.0)  # the update is the gradient itself: the comparison sees every entry
+    loss_cfg = {"kl_type": "none"}
+    single = TrainState.create(adapters, optimizer, jax.random.PRNGKey(0))
+    step = make_train_step(graphdef, optimizer, loss_cfg, micro_batches=2)
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    sharded = TrainState.create(adapters, optimizer, jax.random.PRNGKey(0), mesh=mesh)
+    sharded_base = jax.device_put(base, param_shardings(base, mesh))
+    sharded_step = make_train_step(graphdef, optimizer, loss_cfg, mesh=mesh, micro_batches=2)
+    spec = sharded.params["layers"]["attn"]["q_proj"]["lora"]["b"][...].sharding.spec
+    assert spec == P(None, None, "tensor", None)  # [layers, rank, heads, head_dim]: heads over tensor
+    single, m1 = step(single, batch, base)
+    sharded, m2 = sharded_step(sharded, batch, sharded_base)
+    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # Dropout is on in the update: the same adapters without it end elsewhere.
+    _, (graphdef0, adapters0, base0) = lora_model(scan=True, dropout=0.0)
+    state0 = TrainState.create(adapters0, optimizer, jax.random.PRNGKey(0))
+    step0 = make_train_step(graphdef0, optimizer, loss_cfg, micro_batches=2)
+    state0, _ = step0(state0, batch, base0)
+    gap = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+              for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(state0.params)))  # fmt: skip
+    assert gap > 1e-4
