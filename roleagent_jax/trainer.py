@@ -31,6 +31,8 @@ from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
 from roleagent_jax.episodes import failed_games, success_summary
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
+from roleagent_jax.models.peft_io import save_adapter
 from roleagent_jax.policy import write_prompt_settings
 from roleagent_jax.rollout import RolloutResult, RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import Sampler, SamplingParams, capped_batch_buckets
@@ -146,7 +148,15 @@ class Trainer:
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
         self.model, self.model_config, self.tokenizer = self._build_model(resuming)
-        self.graphdef, params = nnx.split(self.model)
+        self.base_graphdef = nnx.graphdef(self.model)  # the model without adapters (warm start, export)
+        self.lora = LoRAConfig(**c.lora.to_dict())
+        self.base = None  # with LoRA: the frozen base, a train-step input that is never updated
+        if self.lora.rank:
+            adapter_key = jax.random.fold_in(jax.random.PRNGKey(c.seed), 1)  # not the base init's stream
+            shard_model(add_lora(self.model, self.lora, nnx.Rngs(adapter_key)), self.mesh)
+            self.graphdef, params, self.base = nnx.split(self.model, LoRAParam, ...)
+        else:
+            self.graphdef, params = nnx.split(self.model)
         self.pad_id = self.tokenizer.pad_token_id
         self.sampler = Sampler(
             self.graphdef,
@@ -170,7 +180,10 @@ class Trainer:
         )
         self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh, micro_batches=micro)
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
-        self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
+        self.ref_params = None
+        if c.loss.kl_type != "none" and c.loss.kl_coef > 0:
+            # With LoRA the reference is the base itself: adapters at zero, no second copy of the base.
+            self.ref_params = params if self.base is None else jax.tree.map(jnp.zeros_like, params)
         n_tasks = len(self.train_pool)
         self.task_sampler = aiw.TaskSampler(
             n_tasks,
@@ -189,11 +202,18 @@ class Trainer:
             memory = aiw.FailureMemory(memory.path)
         self.aiw_state = aiw.AIWState(self.task_sampler, memory)
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
+        if self.base is not None:  # the checkpoint names the base its adapters belong to
+            self.host["lora_base"] = str(
+                Path(c.model.path).absolute() if c.model.path else self.workdir / "hf_init"
+            )
         history = None
         if resuming:
+            start_base = self.host.get("lora_base")
             history = self._restore()
             warm_dir = self.workdir / "hf_warmstart"
-            if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
+            if self.base is not None and self.host["lora_base"] != start_base:
+                self.base = self._load_base(Path(self.host["lora_base"]))
+            elif self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
                 self.ref_params = nnx.split(
                     load_pretrained(
                         warm_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
@@ -208,6 +228,27 @@ class Trainer:
         self.logger.resume_at(int(self.host["iteration"]))
 
     # ------------------------------------------------------------------ set-up
+
+    def _load_base(self, directory: Path):
+        c = self.config
+        model, _ = load_pretrained(
+            directory, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
+            scan_layers=self.model_config.scan_layers,
+        )  # fmt: skip
+        return nnx.state(model, nnx.Param)
+
+    def policy_params(self):
+        """What the sampler runs: the full params, or with LoRA the adapters beside the base (applied
+        on the fly in each projection; see docs/scaling.md for the measured choice)."""
+        if self.base is None:
+            return self.state.params
+        return nnx.merge_state(self.base, self.state.params)
+
+    def policy_model(self) -> Qwen2ForCausalLM:
+        """The current policy as a model (with its adapters when LoRA trains)."""
+        if self.base is None:
+            return nnx.merge(self.graphdef, self.state.params)
+        return nnx.merge(self.graphdef, self.state.params, self.base)
 
     def _env_pool(self, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
         c = self.config.env
@@ -359,7 +400,7 @@ class Trainer:
     def evaluate(self, split: str, params=None, limit: int = 0) -> dict:
         """Every game of `split` once (fixed panel), sampled at the eval temperature."""
         c = self.config
-        params = self.state.params if params is None else params
+        params = self.policy_params() if params is None else params
         generated = split in self.family.generated_splits
         pool = self.train_pool if split == c.env.train_split and not generated else None
         pool = pool or make_task_pool(c, self.family, split, self.workdir, "eval")
@@ -410,15 +451,18 @@ class Trainer:
         return [i for i in range(len(self.tokenizer)) if i not in special]
 
     def warm_start(self) -> None:
+        """Supervised warm start of the whole model. With LoRA it makes the base (full weights, before
+        any adapter trains): the adapters then learn RL on top of it, and it is the KL reference."""
         c = self.config
         if self.host["warm_started"] or c.warmstart.steps == 0:
             return
         examples = self._examples()
         every = c.warmstart.checkpoint_every
         ckpt = Checkpointer(self.workdir / WARMSTART_CHECKPOINTS, keep=2) if every else None
+        lora = self.base is not None
         params, losses = run_sft(
-            self.graphdef,
-            self.state.params,
+            self.base_graphdef if lora else self.graphdef,
+            self.base if lora else self.state.params,
             examples,
             self.encode_prompt,
             self.encode_target,
@@ -436,11 +480,17 @@ class Trainer:
         )
         if ckpt is not None:
             ckpt.close()
-        self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
-        if self.ref_params is not None:
-            self.ref_params = params
-        save_pretrained(  # the KL reference of a resumed run
-            nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
+        if lora:  # fresh adapters on the new base; the reference (adapters at zero) follows the base
+            self.base = params
+            self.host["lora_base"] = str(self.workdir / "hf_warmstart")
+        else:
+            self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
+            if self.ref_params is not None:
+                self.ref_params = params
+        save_pretrained(  # the KL reference (with LoRA: the base) of a resumed run
+            nnx.merge(self.base_graphdef if lora else self.graphdef, params),
+            self.workdir / "hf_warmstart",
+            tokenizer=self.tokenizer,
         )
         self._write_prompt_settings(self.workdir / "hf_warmstart")
         stride = max(1, len(losses) // 50)  # ~50 points for the report, always ending on the last loss
@@ -461,7 +511,7 @@ class Trainer:
             temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k
         )
         result = self._collect(
-            self.generate_fn(self.state.params, sampling, key),
+            self.generate_fn(self.policy_params(), sampling, key),
             self.envs,
             task_ids.tolist(),
             group_ids.tolist(),
@@ -548,7 +598,7 @@ class Trainer:
         c = self.config
         failed = [t for t in trajs if not t.won]
         gen = self.generate_fn(
-            self.state.params,
+            self.policy_params(),
             SamplingParams(temperature=0.4),
             jax.random.fold_in(self.state.rng, 10_000 + it),
         )
@@ -613,7 +663,7 @@ class Trainer:
             chunks = []
             for start in range(0, padded, mb):
                 chunk = {k: jnp.asarray(packed[k][start : start + mb]) for k in model_keys}
-                chunks.append(distributed.fetch(self.logprob_fn(params, chunk)))
+                chunks.append(distributed.fetch(self.logprob_fn(params, chunk, self.base)))
             return np.concatenate(chunks)
 
         packed["old_logprobs"] = (
@@ -629,7 +679,7 @@ class Trainer:
             for start in range(0, padded, mb):
                 idx = order[start : start + mb]
                 batch = {k: jnp.asarray(v[idx]) for k, v in packed.items()}
-                self.state, m = self.train_step(self.state, batch)
+                self.state, m = self.train_step(self.state, batch, self.base)
                 for k, v in m.items():
                     sums[f"update/{k}"].append(float(v))
         return {k: float(np.mean(v)) for k, v in sums.items()}
@@ -679,7 +729,10 @@ class Trainer:
         from roleagent_jax.report import write_report
 
         final_dir = self.workdir / "hf_final"
-        save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
+        model = self.policy_model()
+        save_pretrained(model, final_dir, tokenizer=self.tokenizer)  # adapters merged into the kernels
+        if self.base is not None:
+            save_adapter(model, final_dir / "adapter", self.host["lora_base"])
         self._write_prompt_settings(final_dir)
         summary = {
             "workdir": str(self.workdir),
