@@ -469,9 +469,8 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     p_glob, p_dev = b_glob + t_glob, b_dev + t_dev
     o_glob, o_dev = tree_bytes(opt), device_bytes(opt, mesh, params=params)
     n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    n_params = n_trained + (
-        sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base)) if work.lora_rank else 0
-    )
+    # The model's size: with LoRA the base's (its adapters are named beside it).
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base)) if work.lora_rank else n_trained
     # Gradients in the trained params' dtype, plus a float32 accumulator across micro-batches.
     g_glob = t_glob + (4 * n_trained if micro > 1 else 0)
     g_dev = t_dev + (device_bytes(jax.tree.map(_as_f32, params), mesh) if micro > 1 else 0)
