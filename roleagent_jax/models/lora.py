@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -152,3 +152,9 @@ def _adapted_like(other: nnx.Module, model: nnx.Module) -> list[tuple[int | None
     """The projections of ``other`` at the places where ``model`` has adapters."""
     wanted = {(layer, target) for layer, target, _ in _adapted(model)}
     return [p for p in projections(other, tuple(TARGETS)) if (p[0], p[1]) in wanted]
+
+
+def merge_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, nnx.State], nnx.State]:
+    """Jitted ``(adapters, base) -> params`` of the merged model (``merged``), laid out like the base:
+    the sampler's copy of the policy, made once per iteration."""
+    return jax.jit(lambda adapters, base: nnx.state(merged(nnx.merge(graphdef, adapters, base)), nnx.Param))
