@@ -3,7 +3,9 @@ the merged export matches both, and only the adapters train."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -169,3 +171,49 @@ def test_sharded_lora_step_with_dropout_equals_single_device():
     gap = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
               for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(state0.params)))  # fmt: skip
     assert gap > 1e-4
+
+
+# -- configuration and planning --------------------------------------------------------------------
+
+
+def test_bad_lora_config_names_the_key_and_value():
+    from test_config import load
+
+    from roleagent_jax.config import validate
+
+    for key, value, text in (
+        ("rank", -1, "--config.lora.rank=-1: must be an integer >= 0"),
+        ("alpha", 0.0, "--config.lora.alpha=0.0: must be a number > 0"),
+        ("dropout", 1.0, "--config.lora.dropout=1.0: must be a number in [0, 1)"),
+        ("targets", ("q", "qkv"), "--config.lora.targets=('q', 'qkv'): must be distinct names among"),
+    ):
+        c = load("base")
+        c.lora[key] = value
+        with pytest.raises(ValueError, match=re.escape(text)):
+            validate(c)
+
+
+def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
+    from test_plan import OPT, load_config, tiny
+
+    from roleagent_jax import plan
+
+    cfg = tiny(param_dtype="bfloat16")
+    work = dataclasses.replace(
+        plan.Workload.from_config(load_config("alfworld")), optimizer=OPT, lora_rank=8, kl=True
+    )
+    sizes = {"data": 1, "fsdp": 1, "tensor": 1}
+    lora = plan.make_plan(cfg, "tiny", sizes, work, 32)
+    full = plan.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_rank=0), 32)
+    model = add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=8), nnx.Rngs(1))
+    _, adapters, base = nnx.split(model, LoRAParam, ...)
+    real_opt = make_optimizer(**OPT).init(adapters)
+    rows = {name: (g, dev) for name, g, dev, _ in lora.rows}
+    assert rows["parameters"][0] == nbytes(adapters) + nbytes(base)
+    assert rows["optimizer state"][0] == nbytes(real_opt)
+    assert rows["reference model"] == (0, 0)
+    assert lora.phases["persistent"] < full.phases["persistent"] / 2
+
+
+def nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
