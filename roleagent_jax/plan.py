@@ -40,6 +40,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
@@ -458,9 +459,14 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     """Every component's global and per-device bytes, the per-phase peaks and whether it fits."""
     mesh = abstract_mesh(sizes)
     micro = max(1, work.mini_batch_rows // work.micro_batch_rows)
+    copy = (0, 0)  # LoRA: the sampler's copy of the adapted kernels, merged once per iteration
     if work.lora_rank:
         _, params, base = abstract_lora(cfg, work)  # the trained params are the adapters
         b_glob, b_dev = tree_bytes(base), device_bytes(base, mesh)
+        kernels = tuple(f"{LORA_TARGETS[t][1]}/kernel" for t in work.lora_targets or LORA_TARGETS)
+        flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(base)}
+        merged = {k: v for k, v in flat.items() if k.endswith(kernels)}
+        copy = (tree_bytes(merged), device_bytes(merged, mesh))
     else:
         params = abstract_params(cfg)
         b_glob = b_dev = 0
@@ -523,6 +529,11 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
             + (" + float32 accumulator" if micro > 1 else ""),
         ),
         ("reference model", ref[0], ref[1], ref_note),
+        *(
+            [("sampling copy (LoRA)", *copy, "adapted kernels merged, during rollouts only")]
+            if work.lora_rank
+            else []
+        ),
         ("KV cache (rollout)", kv_glob, kv_dev, kv_note),
         ("prefill transient", pre * nd, pre, pre_note),
         (
@@ -547,7 +558,7 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     persistent = p_dev + o_dev + ref[1]
     phases = {
         "persistent": persistent,
-        "rollout": persistent + kv_dev + pre,
+        "rollout": persistent + copy[1] + kv_dev + pre,
         "logprob": persistent + lp,
         "train": persistent + g_dev + act_dev,
     }

@@ -212,6 +212,8 @@ def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
     assert rows["parameters"][0] == nbytes(adapters) + nbytes(base)
     assert rows["optimizer state"][0] == nbytes(real_opt)
     assert rows["reference model"] == (0, 0)
+    kernels = [v for k, v in nnx.to_flat_state(base) if str(k[-2]).endswith("_proj") and k[-1] == "kernel"]
+    assert rows["sampling copy (LoRA)"][0] == nbytes(kernels)  # every projection has an adapter
     assert lora.phases["persistent"] < full.phases["persistent"] / 2
 
 
