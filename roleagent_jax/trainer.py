@@ -185,7 +185,11 @@ class Trainer:
         self.ref_params = None
         if c.loss.kl_type != "none" and c.loss.kl_coef > 0:
             # With LoRA the reference is the base itself: adapters at zero, no second copy of the base.
-            self.ref_params = params if self.base is None else jax.tree.map(jnp.zeros_like, params)
+            self.ref_params = (
+                params
+                if self.base is None
+                else jax.tree.map(lambda x: jnp.zeros_like(x, device=x.sharding), params)
+            )
         n_tasks = len(self.train_pool)
         self.task_sampler = aiw.TaskSampler(
             n_tasks,
