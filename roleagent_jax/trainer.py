@@ -147,16 +147,18 @@ class Trainer:
         self.envs = self._env_pool(self.train_pool)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
-        self.model, self.model_config, self.tokenizer = self._build_model(resuming)
-        self.base_graphdef = nnx.graphdef(self.model)  # the model without adapters (warm start, export)
+        # No reference to the model is kept: its arrays live on as the state (or base) below only.
+        model, self.model_config, self.tokenizer = self._build_model(resuming)
+        self.base_graphdef = nnx.graphdef(model)  # the model without adapters (warm start, export)
         self.lora = LoRAConfig(**c.lora.to_dict())
         self.base = None  # with LoRA: the frozen base, a train-step input that is never updated
         if self.lora.rank:
             adapter_key = jax.random.fold_in(jax.random.PRNGKey(c.seed), 1)  # not the base init's stream
-            shard_model(add_lora(self.model, self.lora, nnx.Rngs(adapter_key)), self.mesh)
-            self.graphdef, params, self.base = nnx.split(self.model, LoRAParam, ...)
+            shard_model(add_lora(model, self.lora, nnx.Rngs(adapter_key)), self.mesh)
+            self.graphdef, params, self.base = nnx.split(model, LoRAParam, ...)
         else:
-            self.graphdef, params = nnx.split(self.model)
+            self.graphdef, params = nnx.split(model)
+        del model
         self.pad_id = self.tokenizer.pad_token_id
         self._merge = merge_fn(self.graphdef) if self.base is not None else None
         self._sampling_copy = None  # with LoRA: (step, base, merged params) of the current policy
