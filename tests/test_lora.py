@@ -219,3 +219,19 @@ def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
 
 def nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.slow
+def test_docs_lora_plan_is_current():
+    """docs/scaling.md shows the 7B LoRA plan verbatim; regenerate it when configs or code change:
+    python -m roleagent_jax.plan --config=configs/alfworld.py --mesh=data:1,fsdp:8,tensor:1 --model=7b \
+    --chip=v4 --lora-rank=16"""
+    from test_plan import REPO, load_config
+
+    from roleagent_jax import plan
+
+    config = load_config("alfworld")
+    table = plan.format_table(
+        plan.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", "v4", lora_rank=16)
+    )
+    assert table in (REPO / "docs" / "scaling.md").read_text()
