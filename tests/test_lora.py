@@ -109,9 +109,8 @@ def response_nll(logprob, adapters, batch, base) -> float:
     return float(-(lp * mask).sum() / mask.sum())
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_lora_step_trains_only_the_adapters_and_the_loss_falls(scan):
-    (plain_def, plain), (graphdef, adapters, base) = lora_model(scan)
+def test_lora_step_trains_only_the_adapters_and_the_loss_falls():
+    (plain_def, plain), (graphdef, adapters, base) = lora_model()  # scanned layers: the sharded test
     base_before = jax.tree.map(np.asarray, base)
     logprob = make_logprob_fn(graphdef)
     batch = fixed_batch()
@@ -163,14 +162,10 @@ def test_sharded_lora_step_with_dropout_equals_single_device():
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    # Dropout is on in the update: the same adapters without it end elsewhere.
-    _, (graphdef0, adapters0, base0) = lora_model(scan=True, dropout=0.0)
-    state0 = TrainState.create(adapters0, optimizer, jax.random.PRNGKey(0))
-    step0 = make_train_step(graphdef0, optimizer, loss_cfg, micro_batches=2)
-    state0, _ = step0(state0, batch, base0)
-    gap = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-              for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(state0.params)))  # fmt: skip
-    assert gap > 1e-4
+    # The adapters' dropout is on in the update (a keyed forward differs from the deterministic one).
+    model = nnx.merge(graphdef, single.params, base)
+    keyed = model(batch["input_ids"], dropout_key=jax.random.PRNGKey(1))
+    assert float(jnp.abs(keyed - model(batch["input_ids"])).max()) > 1e-4
 
 
 # -- configuration and planning --------------------------------------------------------------------
