@@ -35,12 +35,11 @@ def randomise_b(model, seed: int = 0) -> None:
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_fresh_adapter_leaves_every_logit_unchanged(tmp_path, scan):
-    torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path)
-    model, _ = load_pretrained(tmp_path, scan_layers=scan)
+def test_fresh_adapter_leaves_every_logit_unchanged(scan):
+    (plain_def, plain), (graphdef, adapters, base) = lora_model(scan, rank=4)
     ids, mask, _ = left_padded_batch()
-    before = np.asarray(forward(model, ids, mask))
-    add_lora(model, LoRAConfig(rank=4, alpha=8), nnx.Rngs(1))
+    before = np.asarray(forward(nnx.merge(plain_def, plain), ids, mask))
+    model = nnx.merge(graphdef, adapters, base)
     assert len(jax.tree.leaves(nnx.state(model, LoRAParam))) == 2 * 7 * (1 if scan else 2)
     np.testing.assert_array_equal(np.asarray(forward(model, ids, mask)), before)
 
@@ -83,14 +82,18 @@ def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets)
 # -- training --------------------------------------------------------------------------------------
 
 
-def lora_model(scan: bool = False, dropout: float = 0.0):
-    cfg = Qwen2Config(
+def base_config(scan: bool = False) -> Qwen2Config:
+    return Qwen2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, scan_layers=scan,
     )  # fmt: skip
-    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+
+
+def lora_model(scan: bool = False, dropout: float = 0.0, rank: int = 8):
+    """((graphdef, params) of a random model, (graphdef, adapters, base) of it with fresh adapters)."""
+    model = Qwen2ForCausalLM(base_config(scan), rngs=nnx.Rngs(0))
     plain = nnx.split(model)
-    add_lora(model, LoRAConfig(rank=8, alpha=16, dropout=dropout), nnx.Rngs(1))
+    add_lora(model, LoRAConfig(rank=rank, alpha=16, dropout=dropout), nnx.Rngs(1))
     return plain, nnx.split(model, LoRAParam, ...)
 
 
