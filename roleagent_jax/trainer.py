@@ -161,7 +161,7 @@ class Trainer:
         del model
         self.pad_id = self.tokenizer.pad_token_id
         self._merge = merge_fn(self.graphdef) if self.base is not None else None
-        self._sampling_copy = None  # with LoRA: (step, base, merged params) of the current policy
+        self._sampling_copy = None  # with LoRA: (step, id of the base, merged params) of the policy
         self.sampler = Sampler(
             self.base_graphdef,
             self.model_config,

@@ -124,6 +124,7 @@ def add_lora(model: nnx.Module, cfg: LoRAConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 
 def has_lora(model: nnx.Module) -> bool:
+    """Whether ``model`` carries adapters (an export must merge them: the base alone is not the policy)."""
     return bool(jax.tree.leaves(nnx.state(model, LoRAParam)))
 
 
