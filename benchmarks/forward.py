@@ -1,11 +1,16 @@
 """Training forward+backward tokens/s of our jitted Qwen2 against transformers' PyTorch Qwen2, same run.
 
-    python benchmarks/forward.py [--batch 8] [--seq 512] [--rounds 3] [--attention einsum|dpa]
+    python benchmarks/forward.py [--batch 8] [--seq 512] [--rounds 3]
+    python benchmarks/forward.py --lora-rank 16 [--shape demo|smollm2-135m|bench] [--batch 8] [--seq 512]
 
 Both sides start from the same random weights (the PyTorch model is saved and loaded with
 ``load_pretrained``), compute the mean next-token cross-entropy and all gradients, and are timed in
 alternating rounds so a busy machine slows both alike. Warm-up and compilation are excluded from the
 rates; compilation time is reported separately. Last line: one JSON object.
+
+``--lora-rank R`` times the project's own PPO train step (``train_step.make_train_step``: loss, grads,
+AdamW update, donated state) with rank-R adapters on every projection against full fine-tuning of the
+same random model, alternating rounds as above.
 """
 
 from __future__ import annotations
@@ -25,7 +30,24 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import BENCH_QWEN2, matmul_flops_per_s, model_flops_per_token, print_json  # noqa: E402
-from roleagent_jax.models import load_pretrained  # noqa: E402
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained  # noqa: E402
+from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora  # noqa: E402
+from roleagent_jax.train_step import TrainState, make_optimizer, make_train_step  # noqa: E402
+
+# Model shapes of the LoRA comparison: the demo's random-init model (configs/demo.py, its ~1024-token
+# trained tokenizer) and SmolLM2-135M's architecture (random weights: only speed is measured).
+SHAPES = {
+    "bench": BENCH_QWEN2,
+    "demo": dict(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0,
+    ),
+    "smollm2-135m": dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, attention_bias=False,
+        rope_theta=100000.0,
+    ),
+}  # fmt: skip
 
 
 def jax_step(graphdef):
@@ -49,12 +71,80 @@ def torch_step(model, ids):
     return run
 
 
+def ppo_batch(vocab: int, rows: int, seq: int) -> dict[str, jax.Array]:
+    """A full grid of random tokens, every token after the first half a response token."""
+    rng = np.random.RandomState(0)
+    grid = {
+        "input_ids": jnp.asarray(rng.randint(0, vocab, (rows, seq)), jnp.int32),
+        "attention_mask": jnp.ones((rows, seq), jnp.int32),
+        "positions": jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (rows, seq)),
+        "loss_mask": jnp.asarray(np.arange(seq)[None].repeat(rows, 0) >= seq // 2, jnp.float32),
+        "advantages": jnp.asarray(rng.normal(size=rows), jnp.float32),
+    }
+    grid["old_logprobs"] = grid["ref_logprobs"] = jnp.full((rows, seq), -np.log(vocab), jnp.float32)
+    return grid
+
+
+def lora_main(args) -> None:
+    """Train-step tokens/s with rank-``args.lora_rank`` adapters against full fine-tuning."""
+    cfg = Qwen2Config.from_hf(dict(SHAPES[args.shape], model_type="qwen2"))
+    batch = ppo_batch(cfg.vocab_size, args.batch, args.seq)
+    optimizer = make_optimizer(1e-5)
+    loss = {"kl_type": "low_var_kl", "kl_coef": 0.01}
+    runs = {}
+    for name, rank in (("full", 0), ("lora", args.lora_rank)):
+        model = add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=rank), nnx.Rngs(1))
+        graphdef, params, *frozen = nnx.split(model, LoRAParam, ...) if rank else nnx.split(model)
+        base = frozen[0] if frozen else None
+        step = make_train_step(graphdef, optimizer, loss)
+        state = TrainState.create(params, optimizer, jax.random.PRNGKey(0))
+        start = time.perf_counter()
+        state, _ = step(state, batch, base)  # compiles, then warms up
+        jax.block_until_ready(state)
+        runs[name] = {"step": step, "state": state, "base": base, "compile_s": time.perf_counter() - start}
+        runs[name]["trained"] = sum(x.size for x in jax.tree.leaves(params))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run["state"], metrics = run["step"](run["state"], batch, run["base"])
+            jax.block_until_ready((run["state"], metrics))
+            times[name].append(time.perf_counter() - t0)
+    tokens = args.batch * args.seq
+    rates = {name: tokens / float(np.median(t)) for name, t in times.items()}
+    for name, run in runs.items():
+        print(
+            f"{name:4s} {rates[name]:8.1f} tok/s  ({run['trained'] / 1e6:.2f}M trained params, step times "
+            f"{[round(t, 3) for t in times[name]]}, compile+first step {run['compile_s']:.1f}s)"
+        )
+    print_json(
+        {
+            "bench": "forward_lora",
+            "shape": args.shape,
+            "lora_rank": args.lora_rank,
+            "lora_tokens_per_s": round(rates["lora"], 1),
+            "full_tokens_per_s": round(rates["full"], 1),
+            "speedup": round(rates["lora"] / rates["full"], 3),
+            "batch": args.batch,
+            "seq": args.seq,
+            "devices": jax.device_count(),
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA against full fine-tuning")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="bench", help="model of --lora-rank")
     args = parser.parse_args()
+    if args.lora_rank < 0:
+        parser.error(f"--lora-rank={args.lora_rank}: must be >= 0")
+    if args.lora_rank:
+        lora_main(args)
+        return
 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -32,6 +32,12 @@ def get_config() -> ConfigDict:
     c.model.remat = False
     c.model.scan_layers = False
 
+    c.lora = ConfigDict()  # LoRA adapters: only they train; the base is frozen and is the KL reference
+    c.lora.rank = 0  # 0 = full fine-tuning
+    c.lora.alpha = 16.0  # the update is scaled by alpha / rank
+    c.lora.dropout = 0.0  # dropout on the adapters' input during updates
+    c.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")  # projections that get an adapter
+
     c.tokenizer = ConfigDict()
     c.tokenizer.path = ""  # "" = the model directory's tokenizer, or a trained BPE for random init
     c.tokenizer.train_vocab_size = 1024

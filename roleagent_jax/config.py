@@ -175,6 +175,12 @@ def startup_errors(config: ConfigDict) -> list[str]:
             check_tokenizer_dir(tokenizer_dir)
         except (ValueError, FileNotFoundError) as err:
             errors.append(f"--config.{tokenizer_key}={tokenizer_dir!r}: {err}")
+    from roleagent_jax.models.lora import LoRAConfig
+
+    try:
+        LoRAConfig(**config.lora.to_dict())
+    except (ValueError, TypeError) as err:
+        errors.append(f"--config.{err}")
     if not config.model.path:
         from roleagent_jax.models import Qwen2Config
 

@@ -13,8 +13,12 @@ prompts' first N tokens) it is the sampler's shared-prefix layout, chosen by the
 are an estimate (formula in ``activation_bytes`` and docs/scaling.md). The last line printed is a JSON
 object with every number.
 
+With LoRA (``--lora-rank=R`` or the config's ``lora.rank``) the base is counted in its storage dtype
+beside float32 adapters; optimizer state and gradients are the adapters' only, and the KL reference
+costs nothing (it is the base with the adapters off).
+
 Flags: --config (a trainer config; --config.<key>=<value> overrides), --mesh, --model, --chip or
---hbm-gb, --micro-batch-rows, --remat, --param-dtype, --shared-prefix-tokens, --xla.
+--hbm-gb, --micro-batch-rows, --remat, --param-dtype, --shared-prefix-tokens, --lora-rank, --xla.
 
 Documentation: README.md (quick start, configuration, real runs), configs/base.py (every key with its
 meaning and default), docs/ (experiments.md, scaling.md, adding-an-environment.md).
@@ -36,6 +40,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
+from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
+from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
@@ -170,6 +176,8 @@ class Workload:
     group_size: int = 0  # agent rows per group
     predictor_rows: int = 0  # WIA predictor rows per group
     shared_prefix: int = 0  # prompt tokens the rows of a group share (0: plan the plain layout)
+    lora_rank: int = 0  # adapters' rank (0: full fine-tuning)
+    lora_targets: tuple[str, ...] = ()
 
     @classmethod
     def from_config(
@@ -178,6 +186,7 @@ class Workload:
         micro_batch_rows: int | None = None,
         remat: bool | None = None,
         shared_prefix: int = 0,
+        lora_rank: int | None = None,
     ) -> Workload:
         r, c = config.rollout, config
         if not 0 <= shared_prefix < r.max_prompt_tokens:
@@ -217,6 +226,8 @@ class Workload:
             group_size=r.group_size,
             predictor_rows=predictors,
             shared_prefix=shared_prefix,
+            lora_rank=c.lora.rank if lora_rank is None else lora_rank,
+            lora_targets=tuple(c.lora.targets),
         )
 
 
@@ -227,6 +238,13 @@ def abstract_params(cfg: Qwen2Config) -> nnx.State:
     """The model's parameter state as ShapeDtypeStructs (nothing allocated)."""
     model = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     return nnx.state(model)
+
+
+def abstract_lora(cfg: Qwen2Config, work: Workload) -> tuple[Any, nnx.State, nnx.State]:
+    """(graphdef, adapters, base) of the model with ``work``'s adapters, as ShapeDtypeStructs."""
+    lora = LoRAConfig(rank=work.lora_rank, targets=work.lora_targets or LoRAConfig().targets)
+    model = nnx.eval_shape(lambda: add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), lora, nnx.Rngs(1)))
+    return nnx.split(model, LoRAParam, ...)
 
 
 def make_optimizer(settings: dict):
@@ -433,19 +451,36 @@ class Plan:
         }
 
 
+def _as_f32(x: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, np.float32)
+
+
 def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workload, hbm_gb: float) -> Plan:
     """Every component's global and per-device bytes, the per-phase peaks and whether it fits."""
     mesh = abstract_mesh(sizes)
-    params = abstract_params(cfg)
-    opt = abstract_opt_state(params, work.optimizer)
-    p_glob, p_dev = tree_bytes(params), device_bytes(params, mesh)
-    o_glob, o_dev = tree_bytes(opt), device_bytes(opt, mesh, params=params)
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     micro = max(1, work.mini_batch_rows // work.micro_batch_rows)
-    f32_params = 4 * n_params
-    g_glob = p_glob + (f32_params if micro > 1 else 0)
-    g_dev = p_dev * (1 + (4 // np.dtype(cfg.param_dtype).itemsize if micro > 1 else 0))
-    ref = (p_glob, p_dev) if work.kl else (0, 0)
+    copy = (0, 0)  # LoRA: the sampler's copy of the adapted kernels, merged once per iteration
+    if work.lora_rank:
+        _, params, base = abstract_lora(cfg, work)  # the trained params are the adapters
+        b_glob, b_dev = tree_bytes(base), device_bytes(base, mesh)
+        kernels = tuple(f"{LORA_TARGETS[t][1]}/kernel" for t in work.lora_targets or LORA_TARGETS)
+        flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(base)}
+        merged = {k: v for k, v in flat.items() if k.endswith(kernels)}
+        copy = (tree_bytes(merged), device_bytes(merged, mesh))
+    else:
+        params = abstract_params(cfg)
+        b_glob = b_dev = 0
+    opt = abstract_opt_state(params, work.optimizer)
+    t_glob, t_dev = tree_bytes(params), device_bytes(params, mesh)
+    p_glob, p_dev = b_glob + t_glob, b_dev + t_dev
+    o_glob, o_dev = tree_bytes(opt), device_bytes(opt, mesh, params=params)
+    n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    # The model's size: with LoRA the base's (its adapters are named beside it).
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base)) if work.lora_rank else n_trained
+    # Gradients in the trained params' dtype, plus a float32 accumulator across micro-batches.
+    g_glob = t_glob + (4 * n_trained if micro > 1 else 0)
+    g_dev = t_dev + (device_bytes(jax.tree.map(_as_f32, params), mesh) if micro > 1 else 0)
+    ref = (p_glob, p_dev) if work.kl and not work.lora_rank else (0, 0)
     layout = rollout_layout(work, sizes)
     if layout is None:
         kv_glob, kv_dev = kv_cache_bytes(cfg, work.rollout_rows, work.cache_len, sizes)
@@ -470,16 +505,35 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     lp = logprob_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes)
     lp_whole = logprob_bytes(cfg, work.mini_batch_rows, work.seq_len, sizes)
     remat_note = "remat on" if work.remat else "remat off"
+    p_note = f"{n_params / 1e9:.3f}B x {np.dtype(cfg.param_dtype).name}"
+    if work.lora_rank:
+        p_note += f" + rank-{work.lora_rank} adapters ({n_trained / 1e6:.2f}M x float32)"
+    ref_note = "KL on: frozen copy" if work.kl else "KL off"
+    if work.lora_rank and work.kl:
+        ref_note = "KL on: the base with adapters off (no copy)"
     rows = [
-        ("parameters", p_glob, p_dev, f"{n_params / 1e9:.3f}B x {np.dtype(cfg.param_dtype).name}"),
+        ("parameters", p_glob, p_dev, p_note),
         (
             "optimizer state",
             o_glob,
             o_dev,
-            "AdamW moments (dtypes as optax makes them), sharded like the params",
+            "AdamW moments (dtypes as optax makes them), sharded like the "
+            + ("adapters" if work.lora_rank else "params"),
         ),
-        ("gradients", g_glob, g_dev, "param dtype" + (" + float32 accumulator" if micro > 1 else "")),
-        ("reference model", ref[0], ref[1], "KL on: frozen copy" if work.kl else "KL off"),
+        (
+            "gradients",
+            g_glob,
+            g_dev,
+            ("adapters only, " if work.lora_rank else "")
+            + "param dtype"
+            + (" + float32 accumulator" if micro > 1 else ""),
+        ),
+        ("reference model", ref[0], ref[1], ref_note),
+        *(
+            [("sampling copy (LoRA)", *copy, "adapted kernels merged, during rollouts only")]
+            if work.lora_rank
+            else []
+        ),
         ("KV cache (rollout)", kv_glob, kv_dev, kv_note),
         ("prefill transient", pre * nd, pre, pre_note),
         (
@@ -504,7 +558,7 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
     persistent = p_dev + o_dev + ref[1]
     phases = {
         "persistent": persistent,
-        "rollout": persistent + kv_dev + pre,
+        "rollout": persistent + copy[1] + kv_dev + pre,
         "logprob": persistent + lp,
         "train": persistent + g_dev + act_dev,
     }
@@ -540,7 +594,13 @@ def advise(
                 f"bfloat16 weights (--config.model.param_dtype=bfloat16 or a bf16 checkpoint) cut the "
                 f"persistent state to {trial.phases['persistent'] / GIB:.1f} GiB per device"
             )
-        if work.kl:
+        if not work.lora_rank:
+            trial = fits(w=dataclasses.replace(work, lora_rank=16))
+            out.append(
+                f"LoRA (--config.lora.rank=16) trains adapters only: persistent state "
+                f"{trial.phases['persistent'] / GIB:.1f} GiB per device"
+            )
+        if work.kl and not work.lora_rank:
             trial = fits(w=dataclasses.replace(work, kl=False))
             out.append(
                 f"without the KL reference model (--config.loss.kl_coef=0) the persistent state is "
@@ -654,8 +714,11 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n}"
         )
     mesh = make_mesh(sizes["data"], sizes["fsdp"], sizes["tensor"])
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
-    params = abstract_params(cfg)
+    if work.lora_rank:
+        graphdef, params, base = abstract_lora(cfg, work)
+    else:
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
+        params, base = abstract_params(cfg), None
     state = TrainState(
         params=params,
         opt_state=abstract_opt_state(params, work.optimizer),
@@ -682,8 +745,8 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
         remat=work.remat,
     )
     inputs = {k: grid[k] for k in step.batch_keys()}
-    fn, _ = step._build(state, inputs)
-    stats = fn.lower(state, inputs).compile().memory_analysis()
+    fn, _ = step._build(state, inputs, base)
+    stats = fn.lower(state, inputs, base).compile().memory_analysis()
     out = {
         name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0)
         for name in ("argument", "output", "alias", "temp", "generated_code")
@@ -739,6 +802,7 @@ def plan_from_config(
     param_dtype: str | None = None,
     xla: bool = False,
     shared_prefix: int = 0,
+    lora_rank: int | None = None,
 ) -> Plan:
     """The whole planner as a function (the CLI's body)."""
     from roleagent_jax.config import apply_algo
@@ -752,7 +816,9 @@ def plan_from_config(
     cfg, label = model_config(model, config, param_dtype)
     if remat is not None:
         cfg = cfg.replace(remat=remat)
-    work = Workload.from_config(config, micro_batch_rows, remat, shared_prefix)
+    if lora_rank is not None and lora_rank < 0:
+        raise ValueError(f"--lora-rank={lora_rank}: must be >= 0 (0: full fine-tuning)")
+    work = Workload.from_config(config, micro_batch_rows, remat, shared_prefix, lora_rank)
     if work.mini_batch_rows % work.micro_batch_rows:
         raise ValueError(
             f"micro_batch_rows {work.micro_batch_rows} must divide mini_batch_rows {work.mini_batch_rows}"
@@ -796,6 +862,9 @@ def main(argv: list[str]) -> int:
         "Prompt tokens the rows of a task group share (e.g. max_prompt_tokens - 1 for a group's "
         "identical first prompts): plan the sampler's shared-prefix layout. 0: every row its own.",
     )
+    lora_rank = flags.DEFINE_integer(
+        "lora_rank", None, "LoRA adapters' rank (0: full fine-tuning; default: the config's lora.rank)."
+    )
     if any(a in ("-h", "--help", "--helpshort") for a in sys.argv[1:]):
         print(__doc__.strip() + "\n\nflags:\n" + flags.FLAGS.main_module_help())
         return 0
@@ -812,6 +881,7 @@ def main(argv: list[str]) -> int:
             pdt.value,
             xla.value,
             shared.value,
+            lora_rank.value,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -822,11 +892,11 @@ def main(argv: list[str]) -> int:
 
 
 def _normalise(argv: list[str]) -> list[str]:
-    """Accept --micro-batch-rows / --hbm-gb / --param-dtype / --shared-prefix-tokens spellings as well
-    as underscores."""
+    """Accept --micro-batch-rows / --hbm-gb / --param-dtype / --shared-prefix-tokens / --lora-rank
+    spellings as well as underscores."""
     return [
         re.sub(
-            r"^--(micro-batch-rows|hbm-gb|param-dtype|shared-prefix-tokens)",
+            r"^--(micro-batch-rows|hbm-gb|param-dtype|shared-prefix-tokens|lora-rank)",
             lambda m: "--" + m.group(1).replace("-", "_"),
             a,
         )

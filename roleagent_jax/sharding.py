@@ -37,6 +37,17 @@ PARTITION_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp/down_proj/kernel$", P("tensor", "fsdp")),  # [intermediate, hidden]
     (r"(^|/)lm_head/kernel$", P("fsdp", "tensor")),  # [hidden, vocab]
     (r"norm/scale$", P(None)),  # [hidden]
+    # LoRA adapters (tiny): the rank dim and the dims the kernel puts over fsdp stay replicated (no
+    # gather per use); a dim the kernel splits over tensor is split alike, so the adapter's output
+    # (B) or input (A) lines up with the kernel's without a reshard.
+    (r"attn/(q|k|v)_proj/lora/a$", P(None, None)),  # [hidden, rank]
+    (r"attn/(q|k|v)_proj/lora/b$", P(None, "tensor", None)),  # [rank, heads, head_dim]
+    (r"attn/o_proj/lora/a$", P("tensor", None, None)),  # [heads, head_dim, rank]
+    (r"attn/o_proj/lora/b$", P(None, None)),  # [rank, hidden]
+    (r"mlp/(gate|up)_proj/lora/a$", P(None, None)),  # [hidden, rank]
+    (r"mlp/(gate|up)_proj/lora/b$", P(None, "tensor")),  # [rank, intermediate]
+    (r"mlp/down_proj/lora/a$", P("tensor", None)),  # [intermediate, rank]
+    (r"mlp/down_proj/lora/b$", P(None, None)),  # [rank, hidden]
 )
 
 

@@ -11,6 +11,9 @@ The step is a pure function ``(state, batch) -> (state, metrics)`` jitted with e
 ``(data, fsdp)``) and the state donated. Micro-batches run in a ``lax.scan`` that sums loss
 numerators, denominators and gradients, dividing once at the end, so the update equals the
 full-batch one.
+
+With LoRA the state's params are the adapters only and the base comes in as ``frozen``: an input
+the step reads but neither differentiates nor donates, so it carries no gradient and no optimizer state.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MODEL_KEYS = ("input_ids", "attention_mask", "positions")
 SCHEDULES = ("constant", "cosine")
+_DROPOUT_STREAM = 0x10A  # folded into the state's key: adapter dropout draws its own random stream
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,12 +198,12 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array) -> tuple[jax.Array, 
     return jnp.concatenate([pad, picked - logz], 1), jnp.concatenate([pad, entropy], 1)
 
 
-def _model_logprobs(graphdef, params, batch, remat: bool):
-    model = nnx.merge(graphdef, params)
+def _model_logprobs(graphdef, params, batch, remat: bool, frozen=None, dropout_key=None):
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     if remat and hasattr(model, "config") and not getattr(model.config, "remat", True):
         # Per-layer rematerialisation as implemented by the model (only the block inputs are kept).
         model.config = dataclasses.replace(model.config, remat=True)
-    logits = model(batch["input_ids"], batch["attention_mask"], batch["positions"])
+    logits = model(batch["input_ids"], batch["attention_mask"], batch["positions"], dropout_key=dropout_key)
     return token_logprobs(logits, batch["input_ids"])
 
 
@@ -238,41 +242,46 @@ def _micro_constraint(mesh: Mesh | None, tree: Any) -> Any:
 
 
 class LogprobFn:
-    """``(params, batch) -> logprobs [B, T]`` (float32, 0 at column 0 and on padding); see module doc."""
+    """``(params, batch, frozen=None) -> logprobs [B, T]`` (float32, 0 at column 0 and on padding); see
+    module doc. ``frozen``: the LoRA base, when ``params`` are adapters."""
 
     def __init__(self, graphdef, mesh: Mesh | None = None, micro_batches: int = 1):
         self.graphdef, self.mesh, self.micro = graphdef, mesh, micro_batches
         self._jitted: dict[Any, Any] = {}
 
-    def _build(self, params, batch):
+    def _build(self, params, batch, frozen):
         graphdef, mesh, micro = self.graphdef, self.mesh, self.micro
 
-        def fn(params, batch):
+        def fn(params, batch, frozen):
             _check_rows(batch, micro)
             mask = batch["attention_mask"] > 0
             if micro == 1:
-                lp, _ = _model_logprobs(graphdef, params, batch, False)
+                lp, _ = _model_logprobs(graphdef, params, batch, False, frozen)
             else:
                 mbs = _micro_constraint(mesh, jax.tree.map(lambda x: _split_micro(x, micro), batch))
                 lp = _merge_micro(
-                    jax.lax.map(lambda mb: _model_logprobs(graphdef, params, mb, False)[0], mbs)
+                    jax.lax.map(lambda mb: _model_logprobs(graphdef, params, mb, False, frozen)[0], mbs)
                 )
             return jnp.where(mask, lp, 0.0)
 
         if mesh is None:
             return jax.jit(fn)
-        in_sh = (shd.param_shardings(params, mesh), _batch_shardings(mesh, batch))
+        in_sh = (
+            shd.param_shardings(params, mesh),
+            _batch_shardings(mesh, batch),
+            shd.param_shardings(frozen, mesh) if frozen is not None else None,
+        )
         return jax.jit(fn, in_shardings=in_sh, out_shardings=shd.batch_sharding(mesh, 2))
 
-    def __call__(self, params, batch: Mapping[str, Any]) -> jax.Array:
+    def __call__(self, params, batch: Mapping[str, Any], frozen=None) -> jax.Array:
         inputs = {k: batch[k] for k in MODEL_KEYS}
-        key = jax.tree_util.tree_structure(params)
+        key = jax.tree_util.tree_structure((params, frozen))
         if key not in self._jitted:
-            self._jitted[key] = self._build(params, inputs)
+            self._jitted[key] = self._build(params, inputs, frozen)
         fn = self._jitted[key]
         if self.mesh is not None:
             inputs = jax.device_put(inputs, _batch_shardings(self.mesh, inputs))
-        return fn(params, inputs)
+        return fn(params, inputs, frozen)
 
 
 def make_logprob_fn(graphdef, mesh: Mesh | None = None, micro_batches: int = 1) -> LogprobFn:
@@ -286,8 +295,9 @@ def make_logprob_fn(graphdef, mesh: Mesh | None = None, micro_batches: int = 1) 
 
 
 class TrainStep:
-    """Callable ``(state, batch) -> (state, metrics)``: places inputs on their shardings, then runs the
-    jitted pure step (compiled once per state structure and batch layout; jit caches shapes)."""
+    """Callable ``(state, batch, frozen=None) -> (state, metrics)``: places inputs on their shardings,
+    then runs the jitted pure step (compiled once per state structure and batch layout; jit caches
+    shapes). ``frozen`` is the LoRA base when the state's params are adapters."""
 
     def __init__(
         self,
@@ -317,14 +327,17 @@ class TrainStep:
         opt_sh = _mirror_param_shardings(state.opt_state, state.params, param_sh, rep)
         return TrainState(params=param_sh, opt_state=opt_sh, step=rep, rng=rep)
 
-    def _step_fn(self, state: TrainState, batch: dict[str, jax.Array]):
+    def _step_fn(self, state: TrainState, batch: dict[str, jax.Array], frozen=None):
         graphdef, micro, remat, mesh = self.graphdef, self.micro, self.remat, self.mesh
         loss = loss_from_config(self.loss_cfg)
         _check_rows(batch, micro)
         params = state.params
+        # Adapter dropout's key: a function of the checkpointed key and step, so a resumed run redraws
+        # the same masks. Without adapters (or dropout) the model ignores it.
+        step_key = jax.random.fold_in(jax.random.fold_in(state.rng, _DROPOUT_STREAM), state.step)
 
-        def loss_fn(p, mb):
-            logp, entropy = _model_logprobs(graphdef, p, mb, remat)
+        def loss_fn(p, mb, key):
+            logp, entropy = _model_logprobs(graphdef, p, mb, remat, frozen, key)
             num, den, sums = loss(
                 logp, mb["old_logprobs"], mb.get("ref_logprobs"), mb["advantages"], mb["loss_mask"], entropy
             )
@@ -332,11 +345,11 @@ class TrainStep:
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if micro == 1:
-            (num, (den, sums)), grads = grad_fn(params, batch)
+            (num, (den, sums)), grads = grad_fn(params, batch, step_key)
         else:
             mbs = _micro_constraint(mesh, jax.tree.map(lambda x: _split_micro(x, micro), batch))
             first = jax.tree.map(lambda x: x[0], mbs)
-            _, (_, sums_shape) = jax.eval_shape(loss_fn, params, first)
+            _, (_, sums_shape) = jax.eval_shape(loss_fn, params, first, step_key)
             zeros = (
                 jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
                 jnp.zeros((), jnp.float32),
@@ -344,14 +357,15 @@ class TrainStep:
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape),
             )
 
-            def body(carry, mb):
+            def body(carry, inputs):
                 g_acc, num_acc, den_acc, s_acc = carry
-                (num, (den, sums)), g = grad_fn(params, mb)
+                i, mb = inputs
+                (num, (den, sums)), g = grad_fn(params, mb, jax.random.fold_in(step_key, i))
                 g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
                 s_acc = jax.tree.map(jnp.add, s_acc, sums)
                 return (g_acc, num_acc + num, den_acc + den, s_acc), None
 
-            (grads, num, den, sums), _ = jax.lax.scan(body, zeros, mbs)
+            (grads, num, den, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(micro), mbs))
 
         scale = 1.0 / jnp.maximum(den, 1.0)
         grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
@@ -366,29 +380,33 @@ class TrainStep:
         new_state = TrainState(params=new_params, opt_state=opt_state, step=state.step + 1, rng=state.rng)
         return new_state, metrics
 
-    def _build(self, state: TrainState, batch: Mapping[str, Any]):
+    def _build(self, state: TrainState, batch: Mapping[str, Any], frozen):
         if self.mesh is None:
             return jax.jit(self._step_fn, donate_argnums=0), None
         state_sh = self.state_shardings(state)
-        in_sh = (state_sh, _batch_shardings(self.mesh, batch))
+        frozen_sh = shd.param_shardings(frozen, self.mesh) if frozen is not None else None
+        in_sh = (state_sh, _batch_shardings(self.mesh, batch), frozen_sh)
         out_sh = (state_sh, NamedSharding(self.mesh, P()))
         return jax.jit(self._step_fn, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=0), state_sh
 
     def __call__(
-        self, state: TrainState, batch: Mapping[str, Any]
+        self, state: TrainState, batch: Mapping[str, Any], frozen=None
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         missing = [k for k in self.batch_keys() if k not in batch]
         if missing:
             raise ValueError(f"batch lacks {missing}; pack_rows gives the grid, add advantages and log-probs")
         inputs = {k: batch[k] for k in self.batch_keys()}
-        key = (jax.tree_util.tree_structure(state), tuple((k, np.ndim(v)) for k, v in inputs.items()))
+        key = (
+            jax.tree_util.tree_structure((state, frozen)),
+            tuple((k, np.ndim(v)) for k, v in inputs.items()),
+        )
         if key not in self._jitted:
-            self._jitted[key] = self._build(state, inputs)
+            self._jitted[key] = self._build(state, inputs, frozen)
         fn, state_sh = self._jitted[key]
         if self.mesh is not None:
             state = jax.device_put(state, state_sh)
             inputs = jax.device_put(inputs, _batch_shardings(self.mesh, inputs))
-        return fn(state, inputs)
+        return fn(state, inputs, frozen)
 
 
 def make_train_step(

@@ -31,6 +31,8 @@ from roleagent_jax.envs import EnvPool, Family, TaskPool, get_family
 from roleagent_jax.episodes import failed_games, success_summary
 from roleagent_jax.metrics import MetricLogger
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora, merge_fn
+from roleagent_jax.models.peft_io import save_adapter
 from roleagent_jax.policy import write_prompt_settings
 from roleagent_jax.rollout import RolloutResult, RolloutSettings, collect, wia_multipliers
 from roleagent_jax.sampling import Sampler, SamplingParams, capped_batch_buckets
@@ -146,11 +148,23 @@ class Trainer:
         self.envs = self._env_pool(self.train_pool)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
-        self.model, self.model_config, self.tokenizer = self._build_model(resuming)
-        self.graphdef, params = nnx.split(self.model)
+        # No reference to the model is kept: its arrays live on as the state (or base) below only.
+        model, self.model_config, self.tokenizer = self._build_model(resuming)
+        self.base_graphdef = nnx.graphdef(model)  # the model without adapters (warm start, export)
+        self.lora = LoRAConfig(**c.lora.to_dict())
+        self.base = None  # with LoRA: the frozen base, a train-step input that is never updated
+        if self.lora.rank:
+            adapter_key = jax.random.fold_in(jax.random.PRNGKey(c.seed), 1)  # not the base init's stream
+            shard_model(add_lora(model, self.lora, nnx.Rngs(adapter_key)), self.mesh)
+            self.graphdef, params, self.base = nnx.split(model, LoRAParam, ...)
+        else:
+            self.graphdef, params = nnx.split(model)
+        del model
         self.pad_id = self.tokenizer.pad_token_id
+        self._merge = merge_fn(self.graphdef) if self.base is not None else None
+        self._sampling_copy = None  # with LoRA: (step, id of the base, merged params) of the policy
         self.sampler = Sampler(
-            self.graphdef,
+            self.base_graphdef,
             self.model_config,
             self.tokenizer,
             self.mesh,
@@ -171,7 +185,14 @@ class Trainer:
         )
         self.logprob_fn = make_logprob_fn(self.graphdef, mesh=self.mesh, micro_batches=micro)
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
-        self.ref_params = params if c.loss.kl_type != "none" and c.loss.kl_coef > 0 else None
+        self.ref_params = None
+        if c.loss.kl_type != "none" and c.loss.kl_coef > 0:
+            # With LoRA the reference is the base itself: adapters at zero, no second copy of the base.
+            self.ref_params = (
+                params
+                if self.base is None
+                else jax.tree.map(lambda x: jnp.zeros_like(x, device=x.sharding), params)
+            )
         n_tasks = len(self.train_pool)
         self.task_sampler = aiw.TaskSampler(
             n_tasks,
@@ -190,11 +211,18 @@ class Trainer:
             memory = aiw.FailureMemory(memory.path)
         self.aiw_state = aiw.AIWState(self.task_sampler, memory)
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
+        if self.base is not None:  # the checkpoint names the base its adapters belong to
+            self.host["lora_base"] = str(
+                Path(c.model.path).absolute() if c.model.path else self.workdir / "hf_init"
+            )
         history = None
         if resuming:
+            start_base = self.host.get("lora_base")
             history = self._restore()
             warm_dir = self.workdir / "hf_warmstart"
-            if self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
+            if self.base is not None and self.host["lora_base"] != start_base:
+                self.base = self._load_base(Path(self.host["lora_base"]))
+            elif self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
                 self.ref_params = nnx.split(
                     load_pretrained(
                         warm_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
@@ -209,6 +237,32 @@ class Trainer:
         self.logger.resume_at(int(self.host["iteration"]))
 
     # ------------------------------------------------------------------ set-up
+
+    def _load_base(self, directory: Path):
+        c = self.config
+        model, _ = load_pretrained(
+            directory, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
+            scan_layers=self.model_config.scan_layers,
+        )  # fmt: skip
+        return nnx.state(model, nnx.Param)
+
+    def policy_params(self):
+        """What the sampler runs: the full params, or with LoRA a copy of the base with the adapters
+        merged into its kernels, made once per policy (it decodes faster than applying the adapters
+        in every projection: docs/scaling.md) and dropped before each update."""
+        if self.base is None:
+            return self.state.params
+        step = int(self.state.step)
+        if self._sampling_copy is None or self._sampling_copy[:2] != (step, id(self.base)):
+            self._sampling_copy = None  # free the old copy before making the new one
+            self._sampling_copy = (step, id(self.base), self._merge(self.state.params, self.base))
+        return self._sampling_copy[2]
+
+    def policy_model(self) -> Qwen2ForCausalLM:
+        """The current policy as a model (with its adapters when LoRA trains)."""
+        if self.base is None:
+            return nnx.merge(self.graphdef, self.state.params)
+        return nnx.merge(self.graphdef, self.state.params, self.base)
 
     def _env_pool(self, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
         c = self.config.env
@@ -360,7 +414,7 @@ class Trainer:
     def evaluate(self, split: str, params=None, limit: int = 0) -> dict:
         """Every game of `split` once (fixed panel), sampled at the eval temperature."""
         c = self.config
-        params = self.state.params if params is None else params
+        params = self.policy_params() if params is None else params
         generated = split in self.family.generated_splits
         pool = self.train_pool if split == c.env.train_split and not generated else None
         pool = pool or make_task_pool(c, self.family, split, self.workdir, "eval")
@@ -411,15 +465,18 @@ class Trainer:
         return [i for i in range(len(self.tokenizer)) if i not in special]
 
     def warm_start(self) -> None:
+        """Supervised warm start of the whole model. With LoRA it makes the base (full weights, before
+        any adapter trains): the adapters then learn RL on top of it, and it is the KL reference."""
         c = self.config
         if self.host["warm_started"] or c.warmstart.steps == 0:
             return
         examples = self._examples()
         every = c.warmstart.checkpoint_every
         ckpt = Checkpointer(self.workdir / WARMSTART_CHECKPOINTS, keep=2) if every else None
+        lora = self.base is not None
         params, losses = run_sft(
-            self.graphdef,
-            self.state.params,
+            self.base_graphdef if lora else self.graphdef,
+            self.base if lora else self.state.params,
             examples,
             self.encode_prompt,
             self.encode_target,
@@ -437,11 +494,17 @@ class Trainer:
         )
         if ckpt is not None:
             ckpt.close()
-        self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
-        if self.ref_params is not None:
-            self.ref_params = params
-        save_pretrained(  # the KL reference of a resumed run
-            nnx.merge(self.graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
+        if lora:  # fresh adapters on the new base; the reference (adapters at zero) follows the base
+            self.base = params
+            self.host["lora_base"] = str(self.workdir / "hf_warmstart")
+        else:
+            self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
+            if self.ref_params is not None:
+                self.ref_params = params
+        save_pretrained(  # the KL reference (with LoRA: the base) of a resumed run
+            nnx.merge(self.base_graphdef if lora else self.graphdef, params),
+            self.workdir / "hf_warmstart",
+            tokenizer=self.tokenizer,
         )
         self._write_prompt_settings(self.workdir / "hf_warmstart")
         stride = max(1, len(losses) // 50)  # ~50 points for the report, always ending on the last loss
@@ -462,7 +525,7 @@ class Trainer:
             temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k
         )
         result = self._collect(
-            self.generate_fn(self.state.params, sampling, key),
+            self.generate_fn(self.policy_params(), sampling, key),
             self.envs,
             task_ids.tolist(),
             group_ids.tolist(),
@@ -549,7 +612,7 @@ class Trainer:
         c = self.config
         failed = [t for t in trajs if not t.won]
         gen = self.generate_fn(
-            self.state.params,
+            self.policy_params(),
             SamplingParams(temperature=0.4),
             jax.random.fold_in(self.state.rng, 10_000 + it),
         )
@@ -591,6 +654,7 @@ class Trainer:
         saves one forward pass over the batch.
         """
         c = self.config
+        self._sampling_copy = None  # the update needs the memory more than the sampler's copy
         if not rows:
             return {}
         from_sampler = c.train.old_logprobs == "sampler"
@@ -614,7 +678,7 @@ class Trainer:
             chunks = []
             for start in range(0, padded, mb):
                 chunk = {k: jnp.asarray(packed[k][start : start + mb]) for k in model_keys}
-                chunks.append(distributed.fetch(self.logprob_fn(params, chunk)))
+                chunks.append(distributed.fetch(self.logprob_fn(params, chunk, self.base)))
             return np.concatenate(chunks)
 
         packed["old_logprobs"] = (
@@ -630,7 +694,7 @@ class Trainer:
             for start in range(0, padded, mb):
                 idx = order[start : start + mb]
                 batch = {k: jnp.asarray(v[idx]) for k, v in packed.items()}
-                self.state, m = self.train_step(self.state, batch)
+                self.state, m = self.train_step(self.state, batch, self.base)
                 for k, v in m.items():
                     sums[f"update/{k}"].append(float(v))
         return {k: float(np.mean(v)) for k, v in sums.items()}
@@ -680,7 +744,10 @@ class Trainer:
         from roleagent_jax.report import write_report
 
         final_dir = self.workdir / "hf_final"
-        save_pretrained(nnx.merge(self.graphdef, self.state.params), final_dir, tokenizer=self.tokenizer)
+        model = self.policy_model()
+        save_pretrained(model, final_dir, tokenizer=self.tokenizer)  # adapters merged into the kernels
+        if self.base is not None:
+            save_adapter(model, final_dir / "adapter", self.host["lora_base"])
         self._write_prompt_settings(final_dir)
         summary = {
             "workdir": str(self.workdir),

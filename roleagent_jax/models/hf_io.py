@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from roleagent_jax.models.config import Qwen2Config
+from roleagent_jax.models.lora import has_lora, merged
 from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -352,7 +353,10 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, tokenizer:
     Weights are stored in the model's ``param_dtype``. A model over MAX_SHARD_BYTES is written as
     numbered shards plus ``model.safetensors.index.json``; the host holds one shard at a time.
     In a multi-process run every process must call this (arrays are gathered); only process 0 writes.
+    LoRA adapters are merged into their kernels first: the files hold a plain model.
     """
+    if has_lora(model):
+        model = merged(model)
     cfg = model.config
     directory = Path(path)
     params = _flat_params(nnx.state(model, nnx.Param))

@@ -236,20 +236,27 @@ class Attention(nnx.Module):
         self.o_proj = Projection((n, d, h), None, pdt, rngs)
         self.cfg = cfg
 
-    def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def qkv(
+        self, x: jax.Array, positions: jax.Array, dropout_key: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         dt = x.dtype
-        q = self.q_proj.apply(x, 1, dt)
-        k = self.k_proj.apply(x, 1, dt)
-        v = self.v_proj.apply(x, 1, dt)
+        q = self.q_proj.apply(x, 1, dt, _fold(dropout_key, 0))
+        k = self.k_proj.apply(x, 1, dt, _fold(dropout_key, 1))
+        v = self.v_proj.apply(x, 1, dt, _fold(dropout_key, 2))
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def out(self, attn: jax.Array) -> jax.Array:
-        return self.o_proj.apply(attn, 2, attn.dtype)
+    def out(self, attn: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+        return self.o_proj.apply(attn, 2, attn.dtype, _fold(dropout_key, 3))
+
+
+def _fold(key: jax.Array | None, i: int) -> jax.Array | None:
+    """A projection's own dropout key (None: no adapter dropout, as in sampling and evaluation)."""
+    return None if key is None else jax.random.fold_in(key, i)
 
 
 class Projection(nnx.Module):
-    """A kernel with explicit head axes and an optional bias.
+    """A kernel with explicit head axes, an optional bias and an optional LoRA adapter (``lora.py``).
 
     ``apply`` contracts the last ``n_in`` axes of ``x`` with the first ``n_in`` of the kernel as one
     plain 2-D matmul (rows = all leading dims): XLA:CPU runs that faster than the equivalent
@@ -259,12 +266,16 @@ class Projection(nnx.Module):
     def __init__(self, shape, bias_shape, param_dtype, rngs: nnx.Rngs):
         self.kernel = _normal(rngs, shape, param_dtype)
         self.bias = nnx.Param(jnp.zeros(bias_shape, param_dtype)) if bias_shape is not None else None
+        self.lora = nnx.data(None)
 
-    def apply(self, x: jax.Array, n_in: int, dtype) -> jax.Array:
+    def apply(self, x: jax.Array, n_in: int, dtype, dropout_key: jax.Array | None = None) -> jax.Array:
         kernel = self.kernel[...].astype(dtype)
         in_shape, out_shape = kernel.shape[:n_in], kernel.shape[n_in:]
         lead = x.shape[: x.ndim - n_in]
-        y = x.reshape(-1, math.prod(in_shape)) @ kernel.reshape(math.prod(in_shape), -1)
+        rows = x.reshape(-1, math.prod(in_shape))
+        y = rows @ kernel.reshape(math.prod(in_shape), -1)
+        if self.lora is not None:
+            y = y + self.lora(rows, dtype, dropout_key)
         y = y.reshape(*lead, *out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(dtype)
@@ -278,11 +289,11 @@ class MLP(nnx.Module):
         self.up_proj = Projection((h, i), None, pdt, rngs)
         self.down_proj = Projection((i, h), None, pdt, rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
         dt = x.dtype
-        gate = self.gate_proj.apply(x, 1, dt)
-        up = self.up_proj.apply(x, 1, dt)
-        return self.down_proj.apply(jax.nn.silu(gate) * up, 1, dt)
+        gate = self.gate_proj.apply(x, 1, dt, _fold(dropout_key, 4))
+        up = self.up_proj.apply(x, 1, dt, _fold(dropout_key, 5))
+        return self.down_proj.apply(jax.nn.silu(gate) * up, 1, dt, _fold(dropout_key, 6))
 
 
 class Block(nnx.Module):
@@ -295,11 +306,14 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, dt)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, key_mask: jax.Array) -> jax.Array:
-        q, k, v = self.attn.qkv(self.input_norm(x), positions)
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, key_mask: jax.Array, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
+        q, k, v = self.attn.qkv(self.input_norm(x), positions, dropout_key)
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, D], the cache's layout
-        x = x + self.attn.out(causal_attention(q, k, v, key_mask, self.attn.cfg.attention_chunk))
-        return x + self.mlp(self.post_attn_norm(x))
+        attn = causal_attention(q, k, v, key_mask, self.attn.cfg.attention_chunk)
+        x = x + self.attn.out(attn, dropout_key)
+        return x + self.mlp(self.post_attn_norm(x), dropout_key)
 
     def decode(
         self,
@@ -389,19 +403,23 @@ class Qwen2ForCausalLM(nnx.Module):
         logits = jnp.matmul(rows, w, preferred_element_type=jnp.float32)
         return logits.reshape(*h.shape[:-1], w.shape[-1])
 
-    def _run_layers(self, x: jax.Array, positions: jax.Array, key_mask: jax.Array) -> jax.Array:
-        def body(graphdef, state, h):
-            return nnx.merge(graphdef, state)(h, positions, key_mask)
+    def _run_layers(
+        self, x: jax.Array, positions: jax.Array, key_mask: jax.Array, dropout_key: jax.Array | None
+    ) -> jax.Array:
+        def body(graphdef, state, h, key):
+            return nnx.merge(graphdef, state)(h, positions, key_mask, key)
 
         if self.config.remat:
             body = jax.checkpoint(body, static_argnums=(0,))
+        n = self.config.num_hidden_layers
+        keys = None if dropout_key is None else jax.random.split(dropout_key, n)
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.layers)
-            x, _ = jax.lax.scan(lambda h, s: (body(graphdef, s, h), None), x, state)
+            x, _ = jax.lax.scan(lambda h, sk: (body(graphdef, sk[0], h, sk[1]), None), x, (state, keys))
             return x
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x = body(graphdef, state, x)
+            x = body(graphdef, state, x, None if keys is None else keys[i])
         return x
 
     # -- public --------------------------------------------------------------------------------------
@@ -412,11 +430,13 @@ class Qwen2ForCausalLM(nnx.Module):
         positions: jax.Array | None = None,
         *,
         return_hidden: bool = False,
+        dropout_key: jax.Array | None = None,
     ):
         """Full-sequence forward. Returns float32 logits ``[B, T, V]`` (and final hidden if asked).
 
         ``attention_mask`` marks real tokens (left or right padding); ``positions`` default to
-        ``cumsum(mask) - 1`` so left-padded rows start at position 0.
+        ``cumsum(mask) - 1`` so left-padded rows start at position 0. ``dropout_key`` turns on the
+        LoRA adapters' dropout (training only); without it the forward is deterministic.
         """
         input_ids = jnp.asarray(input_ids, jnp.int32)
         b, t = input_ids.shape
@@ -425,7 +445,7 @@ class Qwen2ForCausalLM(nnx.Module):
         attention_mask = jnp.asarray(attention_mask).astype(jnp.bool_)
         if positions is None:
             positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
-        x = self._run_layers(self._embed(input_ids), positions, attention_mask)
+        x = self._run_layers(self._embed(input_ids), positions, attention_mask, dropout_key)
         hidden = self.final_norm(x)
         logits = self._logits(hidden)
         return (logits, hidden) if return_hidden else logits
