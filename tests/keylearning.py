@@ -71,6 +71,9 @@ def learning_config(workdir: str | Path):
     c.rollout.tasks_per_iter, c.rollout.group_size = 6, 8
     c.rollout.max_prompt_tokens, c.rollout.max_response_tokens = 128, 16
     c.loss.kl_type = "none"
+    # Adam scales even a 0.001 entropy bonus up to full-size steps wherever the advantages vanish (zeroed,
+    # or groups all alike); the answer format then dissolves into invalid text that no advantage recovers.
+    c.loss.entropy_coef = 0.0
     c.optim.lr, c.optim.schedule = 1e-3, "cosine"  # constant 1e-3 collapsed to invalid text late in a run
     c.train.mini_batch_rows, c.train.micro_batch_rows, c.train.ppo_epochs = 48, 48, 4
     c.warmstart.steps, c.warmstart.batch_rows, c.warmstart.lr = 120, 32, 3e-3
