@@ -3,7 +3,8 @@
 The warm start imitates uniformly random admissible actions, not the expert: the model learns the
 answer format and acts validly, but knows nothing of the note, so it starts at chance (1/6 with two
 steps: the right room 1 in 3, then "take key" 1 in 2). Whatever it gains after that is RL's.
-`run_learning(overrides)` is shared by the learning test and `benchmarks/credit.py`.
+`run_learning(workdir, overrides)` is shared by the learning test and `benchmarks/credit.py`; any config
+override (a LoRA rank, another algorithm) passes through it.
 """
 
 from __future__ import annotations
