@@ -16,7 +16,7 @@ from typing import Any
 
 from keyfamily import KeyNote
 
-from roleagent_jax.envs import Family, TaskPool, register
+from roleagent_jax.envs import Family, TaskPool, register, unregister
 from roleagent_jax.trainer import Trainer
 from roleagent_jax.warmstart import Example
 
@@ -110,7 +110,6 @@ class LearningCurve:
 
 def run_learning(workdir: str | Path, overrides: dict[str, Any] | None = None) -> LearningCurve:
     """Train with `learning_config` plus `overrides` (dotted keys, e.g. {"lora.rank": 8}); the curve."""
-    register(KeyNote(), replace=True)
     c = learning_config(workdir)
     for key, value in (overrides or {}).items():
         *path, leaf = key.split(".")
@@ -118,11 +117,15 @@ def run_learning(workdir: str | Path, overrides: dict[str, Any] | None = None) -
         for part in path:
             node = node[part]
         node[leaf] = value
-    trainer = RandomWarmStartTrainer(c)
+    register(KeyNote(), replace=True)
     try:
-        trainer.run()
+        trainer = RandomWarmStartTrainer(c)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        unregister(KeyNote.name)  # the family exists for this run only
     history = trainer.logger.history
     return LearningCurve(
         [float(h["train/success/all"]) for h in history], [float(h["train/valid_rate"]) for h in history]
