@@ -292,6 +292,11 @@ def _open_checked(path: str | os.PathLike, overrides: dict):
                     f"config implies {expected}"
                 )
         plan[key] = (shape, per_layer_shape, var.get_value().dtype)
+    bias = "model.layers.0.self_attn.q_proj.bias"
+    if cfg.model_type == "llama" and bias in ckpt:
+        raise ValueError(
+            f"tensor {bias} is in the checkpoint in {directory} but its config has no attention bias"
+        )
     return cfg, ckpt, graphdef, abs_state, plan
 
 
