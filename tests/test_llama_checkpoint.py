@@ -43,3 +43,20 @@ def test_llama_round_trip_matches_transformers(tmp_path):
     assert isinstance(back, transformers.LlamaForCausalLM)
     with torch.no_grad():
         np.testing.assert_allclose(back(torch.tensor(ids)).logits.numpy(), expected, atol=1e-5, rtol=0)
+
+
+def test_smollm2_preset_counts_match_transformers():
+    """The 135m preset has SmolLM2-135M's size, counted independently by transformers (meta tensors)."""
+    import jax
+    from flax import nnx
+
+    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from roleagent_jax.models.presets import BUILTIN_MODELS
+
+    hf = BUILTIN_MODELS["135m"]
+    with torch.device("meta"):
+        ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf))
+    n_ref = sum(p.numel() for p in ref.parameters())
+    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(Qwen2Config.from_hf(hf), rngs=nnx.Rngs(0)))
+    n_ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert n_ours == n_ref == 134_515_008
