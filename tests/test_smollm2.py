@@ -158,6 +158,6 @@ def test_converted_directory_in_transformers_writes_what_the_gguf_writes(models)
         for m, t in ((model, tok), (ref, ref_tok)):
             ids = t(chat_prompt(t, text), return_tensors="pt", add_special_tokens=False).input_ids
             with torch.no_grad():
-                out = m.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=t.pad_token_id)
+                out = m.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=t.pad_token_id)
             texts.append(t.decode(out[0, ids.shape[1] :]))
         assert texts[0] == texts[1] and texts[0].strip()
