@@ -1,10 +1,11 @@
 """Training forward+backward tokens/s of our jitted Qwen2 against transformers' PyTorch Qwen2, same run.
 
-    python benchmarks/forward.py [--batch 8] [--seq 512] [--rounds 3]
+    python benchmarks/forward.py [--batch 8] [--seq 512] [--rounds 3] [--model DIR]
     python benchmarks/forward.py --lora-rank 16 [--shape demo|smollm2-135m|bench] [--batch 8] [--seq 512]
 
-Both sides start from the same random weights (the PyTorch model is saved and loaded with
-``load_pretrained``), compute the mean next-token cross-entropy and all gradients, and are timed in
+Both sides start from the same weights: random ones (the PyTorch model is saved and loaded with
+``load_pretrained``), or a real Hugging Face Llama / Qwen2 directory given by ``--model`` (transformers
+loads it in float32, we with ``load_pretrained``). They compute the mean next-token cross-entropy and all gradients, and are timed in
 alternating rounds so a busy machine slows both alike. Warm-up and compilation are excluded from the
 rates; compilation time is reported separately. Last line: one JSON object.
 
@@ -16,6 +17,7 @@ same random model, alternating rounds as above.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -137,6 +139,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--model", default=None, help="a Hugging Face Llama / Qwen2 directory (default: random)"
+    )
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA against full fine-tuning")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="bench", help="model of --lora-rank")
     args = parser.parse_args()
@@ -147,14 +152,20 @@ def main() -> None:
         return
 
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
-    torch_model = Qwen2ForCausalLM(Qwen2Config(**BENCH_QWEN2)).float().train()
-    with tempfile.TemporaryDirectory() as tmp:
-        torch_model.save_pretrained(tmp)
-        model, cfg = load_pretrained(tmp)
+    if args.model:
+        torch_model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).train()
+        model, cfg = load_pretrained(args.model)
+        flops_config = json.loads((Path(args.model) / "config.json").read_text())
+    else:
+        torch_model = Qwen2ForCausalLM(Qwen2Config(**BENCH_QWEN2)).float().train()
+        flops_config = BENCH_QWEN2
+        with tempfile.TemporaryDirectory() as tmp:
+            torch_model.save_pretrained(tmp)
+            model, cfg = load_pretrained(tmp)
     graphdef, params = nnx.split(model)
     ids_np = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.seq)).astype(np.int32)
     ids = jnp.asarray(ids_np)
@@ -182,7 +193,7 @@ def main() -> None:
     jax_tps = tokens / float(np.median(jax_times))
     torch_tps = tokens / float(np.median(torch_times))
     limit = matmul_flops_per_s()
-    flops = model_flops_per_token(BENCH_QWEN2, args.seq, training=True)
+    flops = model_flops_per_token(flops_config, args.seq, training=True)
     print(f"loss jax={jax_loss:.5f} torch={torch_loss:.5f}")
     print(
         f"jax   {jax_tps:8.1f} tok/s  (step times {[round(t, 3) for t in jax_times]}, compile {compile_s:.1f}s)"
@@ -194,6 +205,7 @@ def main() -> None:
     print_json(
         {
             "bench": "forward",
+            "model": args.model or "random",
             "tokens_per_s": round(jax_tps, 1),
             "torch_tokens_per_s": round(torch_tps, 1),
             "ratio_vs_torch": round(jax_tps / torch_tps, 3),

@@ -14,7 +14,10 @@ Time is wall time of a whole call (prefill included), best of a few repeats; our
 reported apart. The fraction of the compute limit is the work's FLOPs over our wall time, divided by
 the FLOP/s of a large fp32 matmul on this machine (plain workload).
 
-    python benchmarks/sampler.py [--workload plain|group|both] [--repeats 3]
+    python benchmarks/sampler.py [--workload plain|group|both] [--repeats 3] [--model DIR]
+
+``--model DIR`` runs both sides on a real Hugging Face Llama / Qwen2 directory instead (the same
+weights: transformers loads DIR in float32, we load it with ``load_pretrained``).
 
 Process CPU seconds per call are printed beside the wall times: on a machine shared with other jobs
 they show the work each side needs, which the wall-clock ratio alone cannot. Last line: one JSON object
@@ -56,15 +59,19 @@ def generation_flops(cfg: dict, batch: int, prompt: int, new: int) -> float:
     return float(batch * (layers * block * tokens_in + attention + head))
 
 
-def build_models(tmp: Path, seed: int = 0):
+def build_models(tmp: Path, seed: int = 0, model_dir: str | None = None):
+    """transformers' model and the directory our side loads: DIR itself, or random weights saved to tmp."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    hf = Qwen2ForCausalLM(Qwen2Config(**BENCH_CONFIG)).eval().float()
+    if model_dir:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    else:
+        hf = Qwen2ForCausalLM(Qwen2Config(**BENCH_CONFIG)).eval().float()
+        hf.save_pretrained(str(tmp))
     hf.generation_config.eos_token_id = None
-    hf.save_pretrained(str(tmp))
-    return hf
+    return hf, Path(model_dir or tmp)
 
 
 def word_tokenizer(vocab: int):
@@ -123,7 +130,7 @@ def plain_workload(args, sampler_for, params, hf) -> dict:
     from roleagent_jax.sampling import SampleRequest, SamplingParams
 
     rng = np.random.default_rng(0)
-    prompts = rng.integers(1, BENCH_CONFIG["vocab_size"], size=(args.batch, args.prompt)).astype(np.int64)
+    prompts = rng.integers(1, args.hf_config["vocab_size"], size=(args.batch, args.prompt)).astype(np.int64)
     reqs = [SampleRequest([int(t) for t in row], args.new) for row in prompts]
     sampler = sampler_for(batch_buckets=(args.batch,), prompt_buckets=(args.prompt,))
 
@@ -137,7 +144,7 @@ def plain_workload(args, sampler_for, params, hf) -> dict:
     ours, ours_cpu = min((ours, ours_cpu), best_time(run_ours, args.repeats))  # interleaved: load drifts
     limit = max(limit, matmul_flops_per_s())
     generated = args.batch * args.new
-    flops = generation_flops(BENCH_CONFIG, args.batch, args.prompt, args.new)
+    flops = generation_flops(args.hf_config, args.batch, args.prompt, args.new)
     ours_tps, torch_tps = generated / ours, generated / torch_s
     print(f"[plain] batch {args.batch}, prompt {args.prompt}, {args.new} new")
     print(
@@ -180,7 +187,7 @@ def group_workload(args, sampler_for, params, hf) -> dict:
     from roleagent_jax.sampling import SampleRequest, SamplingParams
 
     groups, rows = args.groups, args.group_size
-    prompts = group_prompts(groups, rows, args.prefix, args.suffix, BENCH_CONFIG["vocab_size"])
+    prompts = group_prompts(groups, rows, args.prefix, args.suffix, args.hf_config["vocab_size"])
     grouped = [
         SampleRequest([int(t) for t in row], args.new, group=b // rows) for b, row in enumerate(prompts)
     ]
@@ -243,7 +250,13 @@ def main() -> None:
     parser.add_argument("--suffix", type=int, default=64, help="group workload: each row's own tokens")
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--model", default=None, help="a Hugging Face Llama / Qwen2 directory (default: random)"
+    )
     args = parser.parse_args()
+    args.hf_config = (
+        json.loads((Path(args.model) / "config.json").read_text()) if args.model else BENCH_CONFIG
+    )
 
     import torch
     from flax import nnx
@@ -253,8 +266,8 @@ def main() -> None:
 
     print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpus: {os.cpu_count()}")
     with tempfile.TemporaryDirectory() as tmp:
-        hf = build_models(Path(tmp))
-        model, cfg = load_pretrained(tmp)
+        hf, directory = build_models(Path(tmp), model_dir=args.model)
+        model, cfg = load_pretrained(directory)
     graphdef, params = nnx.split(model)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     print(f"model: {n_params / 1e6:.1f}M parameters")
@@ -263,7 +276,7 @@ def main() -> None:
     def sampler_for(**buckets) -> Sampler:
         return Sampler(graphdef, cfg, tokenizer, eos_ids=(), max_new_tokens_cap=args.new, **buckets)
 
-    record: dict = {"bench": "sampler"}
+    record: dict = {"bench": "sampler", "model": args.model or "random"}
     if args.workload in ("plain", "both"):
         record["plain"] = plain_workload(args, sampler_for, params, hf)
     if args.workload in ("group", "both"):

@@ -138,6 +138,33 @@ def evaluate(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Every task of the pool once (the first `limit` when limit > 0), batch_size episodes at a time."""
+    trajs = evaluate_trajectories(
+        policy,
+        family,
+        task_pool,
+        num_workers=num_workers,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        step_timeout=step_timeout,
+        limit=limit,
+        log=log,
+    )
+    return summarize(split, trajs, family.task_types, family.score_name, task_pool)
+
+
+def evaluate_trajectories(
+    policy: Policy,
+    family: Family,
+    task_pool: TaskPool,
+    *,
+    num_workers: int = 2,
+    max_steps: int = 50,
+    batch_size: int = 32,
+    step_timeout: float = 60.0,
+    limit: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> list[Trajectory]:
+    """The episodes behind `evaluate`, for callers that measure more than its summary."""
     ids = list(range(len(task_pool)))[: limit or None]
     trajs: list[Trajectory] = []
     start = time.perf_counter()
@@ -149,7 +176,7 @@ def evaluate(
             if log:
                 won = sum(t.won for t in trajs)
                 log(f"[{len(trajs)}/{len(ids)}] won {won} ({time.perf_counter() - start:.0f}s)")
-    return summarize(split, trajs, family.task_types, family.score_name, task_pool)
+    return trajs
 
 
 def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float, family: Family) -> Policy:

@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
 from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
+from roleagent_jax.models.presets import BUILTIN_MODELS, MODEL_NAMES
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
@@ -62,53 +63,6 @@ CHIP_HBM_GB: dict[str, float] = {
 }
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.
 USABLE_FRACTION = 0.9
-
-# The released Qwen2.5-Instruct config.json values (so planning needs no download).
-_QWEN25_COMMON = dict(
-    architectures=["Qwen2ForCausalLM"],
-    model_type="qwen2",
-    hidden_act="silu",
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    max_position_embeddings=32768,
-    use_sliding_window=False,
-    bos_token_id=151643,
-    eos_token_id=151645,
-    torch_dtype="bfloat16",
-)
-BUILTIN_MODELS: dict[str, dict] = {
-    "0.5b": dict(
-        _QWEN25_COMMON,
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "1.5b": dict(
-        _QWEN25_COMMON,
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "7b": dict(
-        _QWEN25_COMMON,
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-    ),
-}
-MODEL_NAMES = {"0.5b": "Qwen2.5-0.5B-Instruct", "1.5b": "Qwen2.5-1.5B-Instruct", "7b": "Qwen2.5-7B-Instruct"}
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -133,7 +87,7 @@ def abstract_mesh(sizes: dict[str, int]) -> jax.sharding.AbstractMesh:
 def model_config(model: str, config: Any, param_dtype: str | None = None) -> tuple[Qwen2Config, str]:
     """The Qwen2Config to plan and a label for it, with the dtypes the trainer would use.
 
-    ``model``: a built-in name (0.5b, 1.5b, 7b), a config.json file or a checkpoint directory, or ""
+    ``model``: a built-in name (135m, 0.5b, 1.5b, 7b), a config.json file or a checkpoint directory, or ""
     for the run's own model (``config.model.path``, else the random-init ``config.model.init``).
     Pretrained weights are loaded in ``config.model.dtype`` (as the trainer does); a random init stores
     ``config.model.param_dtype``.
@@ -148,7 +102,7 @@ def model_config(model: str, config: Any, param_dtype: str | None = None) -> tup
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(
-                f"no config.json at {file}: pass --model=0.5b|1.5b|7b, a config.json or a checkpoint directory"
+                f"no config.json at {file}: pass --model=135m|0.5b|1.5b|7b, a config.json or a checkpoint directory"
             )
         cfg, label, pdt = json.loads(file.read_text()), str(path), m.dtype
     else:
@@ -842,7 +796,7 @@ def main(argv: list[str]) -> int:
     model = flags.DEFINE_string(
         "model",
         "",
-        "0.5b | 1.5b | 7b | a config.json or checkpoint dir; "
+        "135m | 0.5b | 1.5b | 7b | a config.json or checkpoint dir; "
         "default: the config's model.path, else its random-init model.",
     )
     chip = flags.DEFINE_enum("chip", "v4", list(CHIP_HBM_GB), "Accelerator, for its HBM per device.")

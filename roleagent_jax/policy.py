@@ -35,7 +35,15 @@ class ModelPolicy:
 
     needs_expert_plan = False
 
-    def __init__(self, checkpoint: str | Path, family: Family, temperature: float = 0.4, seed: int = 0):
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        family: Family,
+        temperature: float = 0.4,
+        seed: int = 0,
+        settings: dict | None = None,
+    ):
+        """``settings`` override the prompt settings (``DEFAULTS`` keys) the checkpoint carries."""
         path = Path(checkpoint)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
@@ -46,6 +54,7 @@ class ModelPolicy:
         self.settings = {
             **DEFAULTS,
             **(json.loads(settings_file.read_text()) if settings_file.exists() else {}),
+            **(settings or {}),
         }
         self.family = family
         self.history_k = int(self.settings["history_k"])

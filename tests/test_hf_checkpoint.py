@@ -108,9 +108,14 @@ def test_missing_directory_and_files(tmp_path):
 def test_wrong_architecture(tmp_path):
     torch_qwen2(tie=False, kv_heads=2).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="expected a Qwen2 or Llama checkpoint"):
+        load_pretrained(tmp_path)
+    # relabelled as a Llama (no q/k/v biases), its bias tensors would be dropped silently: refused
     cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="Qwen2"):
+    with pytest.raises(ValueError, match=r"q_proj\.bias .* has no attention bias"):
         load_pretrained(tmp_path)
 
 

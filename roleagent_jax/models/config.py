@@ -1,4 +1,9 @@
-"""Qwen2 hyper-parameters, read from and written to Hugging Face ``config.json``."""
+"""Qwen2 / Llama hyper-parameters, read from and written to Hugging Face ``config.json``.
+
+Llama is Qwen2 without the q/k/v biases (same weight names, same block), so one model serves both;
+``model_type`` only decides which ``config.json`` is written back, so transformers reads a saved model
+as the class it came from.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,9 @@ _SIZE_FIELDS = (
     ("max_position_embeddings", False),
 )
 _POSITIVE_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
-_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "use_sliding_window")
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "use_sliding_window", "mlp_bias")
+# model_type -> (architecture class name, whether q/k/v carry biases when config.json does not say).
+MODEL_TYPES = {"qwen2": ("Qwen2ForCausalLM", True), "llama": ("LlamaForCausalLM", False)}
 
 
 def _check_fields(cfg: dict) -> None:
@@ -102,6 +109,7 @@ class Qwen2Config:
     remat: bool = False
     scan_layers: bool = False
     attention_chunk: int = 64  # query rows per causal-attention chunk in the full forward (0 = one chunk)
+    model_type: str = "qwen2"  # "qwen2" or "llama": the config.json written back (see MODEL_TYPES)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -118,6 +126,10 @@ class Qwen2Config:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"model_type {self.model_type!r} is not supported: use one of {sorted(MODEL_TYPES)}"
+            )
         object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         if isinstance(self.eos_token_id, (list, tuple)):
@@ -154,19 +166,27 @@ class Qwen2Config:
     @classmethod
     def _from_dict(cls, cfg: dict, overrides: dict) -> Qwen2Config:
         _check_fields(cfg)
-        model_type = cfg.get("model_type")
+        model_type = cfg.get("model_type") or "qwen2"
         archs = cfg.get("architectures") or []
-        if model_type not in (None, "qwen2") or any(a != "Qwen2ForCausalLM" for a in archs):
+        if model_type not in MODEL_TYPES or any(a != MODEL_TYPES[model_type][0] for a in archs):
             raise ValueError(
-                f"expected a Qwen2 checkpoint (model_type 'qwen2', architectures ['Qwen2ForCausalLM']), "
-                f"got model_type={model_type!r}, architectures={archs!r}"
+                "expected a Qwen2 or Llama checkpoint (model_type 'qwen2' / 'llama', architectures "
+                f"['Qwen2ForCausalLM'] / ['LlamaForCausalLM']), got model_type={model_type!r}, "
+                f"architectures={archs!r}"
             )
         if cfg.get("use_sliding_window"):
             raise ValueError("sliding-window attention is not supported; set use_sliding_window false")
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias true is not supported (Llama's MLP has no biases by default)")
+        if model_type == "llama" and cfg.get("attention_bias"):
+            raise ValueError("attention_bias true is not supported for Llama (it adds an o_proj bias)")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default')")
+            raise ValueError(
+                f"rope_type {rope_type!r} is not supported (only 'default'; Llama-3.1's 'llama3' "
+                "frequency scaling is not implemented)"
+            )
         theta = rope.get("rope_theta", cfg.get("rope_theta", 1e6))
         kwargs: dict[str, Any] = dict(
             vocab_size=cfg["vocab_size"],
@@ -179,16 +199,17 @@ class Qwen2Config:
             rope_theta=float(theta),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", True)),
+            attention_bias=bool(cfg.get("attention_bias", MODEL_TYPES[model_type][1])),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
+            model_type=model_type,
         )
         stored = cfg.get("dtype") or cfg.get("torch_dtype")
         if stored in _SUPPORTED_DTYPES:
             kwargs["param_dtype"] = stored
         if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (Qwen2 uses 'silu')")
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown Qwen2Config fields in overrides: {sorted(unknown)}")
@@ -196,10 +217,10 @@ class Qwen2Config:
         return cls(**kwargs)
 
     def to_hf(self) -> dict:
-        """The ``config.json`` content that ``transformers`` reads as a Qwen2ForCausalLM."""
+        """The ``config.json`` content that ``transformers`` reads as this ``model_type``'s class."""
         out = {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
+            "architectures": [MODEL_TYPES[self.model_type][0]],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -224,4 +245,7 @@ class Qwen2Config:
             "dtype": self.param_dtype,
             "torch_dtype": self.param_dtype,
         }
+        if self.model_type == "llama":
+            del out["use_sliding_window"]
+            out.update(attention_bias=False, mlp_bias=False)
         return out

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen2 checkpoints (safetensors only) to and from our NNX model.
+"""Hugging Face Qwen2 and Llama checkpoints (safetensors only) to and from our NNX model.
 
 Loading builds the model abstractly and places each tensor straight onto its target sharding: every
 device's block is read from the file on its own (``safetensors.safe_open`` slices), so no device and no
@@ -293,6 +293,11 @@ def _open_checked(path: str | os.PathLike, overrides: dict):
                     f"config implies {expected}"
                 )
         plan[key] = (shape, per_layer_shape, var.get_value().dtype)
+    bias = "model.layers.0.self_attn.q_proj.bias"
+    if cfg.model_type == "llama" and bias in ckpt:
+        raise ValueError(
+            f"tensor {bias} is in the checkpoint in {directory} but its config has no attention bias"
+        )
     return cfg, ckpt, graphdef, abs_state, plan
 
 
@@ -348,7 +353,7 @@ def _host(x: jax.Array) -> np.ndarray:
 
 
 def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, tokenizer: Any = None) -> None:
-    """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads as Qwen2ForCausalLM.
+    """Write ``config.json`` + ``model.safetensors`` that ``transformers`` loads (Qwen2 or Llama class).
 
     Weights are stored in the model's ``param_dtype``. A model over MAX_SHARD_BYTES is written as
     numbered shards plus ``model.safetensors.index.json``; the host holds one shard at a time.
@@ -368,7 +373,7 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, tokenizer:
         for name, n_in, layer in _mapping(key, cfg):
             entries[name] = (_hf_shape(per_layer_shape, n_in), np.dtype(var.get_value().dtype))
             sources[name] = (key, n_in, layer)
-    if not cfg.attention_bias:  # transformers' Qwen2 always has q/k/v biases: write them as zeros
+    if not cfg.attention_bias and cfg.model_type == "qwen2":  # transformers' Qwen2 always has q/k/v biases
         for i in range(cfg.num_hidden_layers):
             for proj, heads in (
                 ("q", cfg.num_attention_heads),

@@ -1,0 +1,82 @@
+"""Convert a GGUF file into an ordinary Hugging Face checkpoint directory.
+
+    python -m roleagent_jax.models.convert --gguf=FILE --out=DIR
+
+DIR receives ``config.json``, ``model.safetensors`` (float32), ``tokenizer.json``,
+``tokenizer_config.json`` (with the chat template) and ``generation_config.json``; every other path
+(training, evaluation, transformers itself) then reads it like any checkpoint. Everything is written
+into a temporary sibling folder that is renamed into place at the end, so a failed conversion leaves
+nothing in DIR. A bad file or argument prints one line naming it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from safetensors.numpy import save_file
+
+from roleagent_jax.models.gguf_import import GGUFError, read_gguf
+from roleagent_jax.models.gguf_tokenizer import build_tokenizer
+from roleagent_jax.tokenizer import eos_ids
+
+
+def _generation_config(tok) -> dict:
+    ids = eos_ids(tok)
+    return {
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": ids[0] if len(ids) == 1 else ids,
+        "pad_token_id": tok.pad_token_id,
+    }
+
+
+def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the Hugging Face directory ``out`` from the GGUF file ``gguf``; returns ``out``.
+
+    Raises GGUFError (a ValueError) naming the file, or FileExistsError when ``out`` is not empty.
+    ``out`` appears only once complete.
+    """
+    gguf, out = Path(gguf).expanduser(), Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out}: already exists and is not an empty folder")
+    model = read_gguf(gguf)
+    tok = build_tokenizer(model.metadata, gguf)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        (tmp / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+        save_file(model.tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        tok.save_pretrained(str(tmp), save_jinja_files=False)  # the template inside tokenizer_config.json
+        (tmp / "generation_config.json").write_text(json.dumps(_generation_config(tok), indent=2) + "\n")
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m roleagent_jax.models.convert", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--gguf", required=True, help="the GGUF file (llama or qwen2 architecture)")
+    p.add_argument("--out", required=True, help="the Hugging Face directory to create (absent or empty)")
+    args = p.parse_args(argv)
+    try:
+        out = convert(args.gguf, args.out)
+    except (GGUFError, FileExistsError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
