@@ -180,6 +180,9 @@ def get_config() -> ConfigDict:
     c.warmstart.explore = 0.0  # share of expert steps played off-plan (DAgger-style recovery states)
     c.warmstart.predictor = True  # also teach the predictor role
     c.warmstart.predictor_fraction = 1.0  # share of expert steps that also give a predictor example
+    # True: each target ends with the tokenizer's EOS, as a chat model's turn ends: search QA's answers
+    # (no stop string) then end there instead of running to max_response_tokens
+    c.warmstart.end_turn = False
 
     c.eval = ConfigDict()
     c.eval.before = True  # evaluate the starting (warm-started) model before RL

@@ -46,7 +46,7 @@ from roleagent_jax.train_step import (
     make_train_step,
     pack_rows,
 )
-from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft
+from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, run_sft, target_ids
 
 EXPERT_MAX_STEPS = 50
 
@@ -224,9 +224,7 @@ class Trainer:
                 self.base = self._load_base(Path(self.host["lora_base"]))
             elif self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
                 self.ref_params = nnx.split(
-                    load_pretrained(
-                        warm_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
-                    )[0]
+                    load_pretrained(warm_dir, mesh=self.mesh, **self._load_settings())[0]
                 )[1]
         self.logger = MetricLogger(
             self.workdir / "logs",
@@ -238,12 +236,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
 
+    def _load_settings(self) -> dict:
+        """How every checkpoint this run reads is built: the config's dtypes, remat and layer scan
+        apply to a pretrained model as to a new one."""
+        m = self.config.model
+        return dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_layers=m.scan_layers)
+
     def _load_base(self, directory: Path):
-        c = self.config
-        model, _ = load_pretrained(
-            directory, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
-            scan_layers=self.model_config.scan_layers,
-        )  # fmt: skip
+        model, _ = load_pretrained(directory, mesh=self.mesh, **self._load_settings())
         return nnx.state(model, nnx.Param)
 
     def policy_params(self):
@@ -279,15 +279,11 @@ class Trainer:
         c = self.config
         init_dir = self.workdir / "hf_init"
         if c.model.path:
-            model, mcfg = load_pretrained(
-                c.model.path, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
-            )
+            model, mcfg = load_pretrained(c.model.path, mesh=self.mesh, **self._load_settings())
             tok = load_tokenizer(c.tokenizer.path or c.model.path)
             return model, mcfg, tok
         if resuming and init_dir.is_dir():
-            model, mcfg = load_pretrained(
-                init_dir, mesh=self.mesh, dtype=c.model.dtype, param_dtype=c.model.param_dtype
-            )
+            model, mcfg = load_pretrained(init_dir, mesh=self.mesh, **self._load_settings())
             return model, mcfg, load_tokenizer(init_dir)
         tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else self._train_tokenizer()
         mcfg = Qwen2Config.from_hf(
@@ -359,7 +355,7 @@ class Trainer:
         return self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
 
     def encode_target(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return target_ids(self.tokenizer, text, self.config.warmstart.end_turn)
 
     # ------------------------------------------------------------------ checkpoints
 

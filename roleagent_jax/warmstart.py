@@ -127,6 +127,13 @@ def examples_from_episodes(
     return out
 
 
+def target_ids(tokenizer, text: str, end_turn: bool) -> list[int]:
+    """The token ids a warm-start target trains: its text, then the EOS when `end_turn` (a chat model
+    then learns to end its answer, where no stop string ends it)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [*ids, tokenizer.eos_token_id] if end_turn else ids
+
+
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, param_sharding=None) -> Callable:
     """Jitted (params, opt_state, batch) -> (params, opt_state, loss): mean NLL of the target tokens.
 

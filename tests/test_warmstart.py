@@ -8,7 +8,12 @@ import pytest
 
 from roleagent_jax.envs import EnvPool, TaskPool, get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
-from roleagent_jax.warmstart import examples_from_episodes, expert_episodes, length_grouped_batches
+from roleagent_jax.warmstart import (
+    examples_from_episodes,
+    expert_episodes,
+    length_grouped_batches,
+    target_ids,
+)
 
 ALFWORLD = get_family("alfworld")
 
@@ -185,3 +190,15 @@ def test_copy_steps_come_first_and_a_killed_warm_start_resumes_through_them(tmp_
     assert losses == pytest.approx(whole_losses, rel=0, abs=0)
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class _Tok:
+    eos_token_id = 2
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(ch) for ch in text]
+
+
+def test_a_target_ends_with_eos_only_when_asked():
+    assert target_ids(_Tok(), "<answer>x</answer>", end_turn=False)[-1] == ord(">")
+    assert target_ids(_Tok(), "<answer>x</answer>", end_turn=True) == [*map(ord, "<answer>x</answer>"), 2]
