@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -88,6 +90,12 @@ def median_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n); 0 for a single value)."""
+    v = np.asarray(values, np.float64)
+    return float(v.mean()), (float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0)
 
 
 def print_json(record: dict) -> None:

@@ -15,24 +15,17 @@ budget (so that mean is a lower bound) and is reported. Last line: one JSON obje
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the family and its runner live with the tests
 from keylearning import run_learning  # noqa: E402
 
+from benchmarks.common import mean_se, print_json  # noqa: E402
+
 LEVEL = 0.8
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean over seeds and its standard error (sample std / sqrt(n); 0 for one seed)."""
-    v = np.asarray(values, np.float64)
-    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
 
 
 def main() -> None:
@@ -73,18 +66,16 @@ def main() -> None:
             f"{algo:8s}{bound:>10s}{tm:6.1f} +- {te:4.1f}{f'{reached}/{len(runs)}':>10s}{fm:12.1f} +- {fe:4.1f}"
         )
         summary[algo] = {"iterations_to_80": [tm, te], "reached": reached, "final_success": [fm, fe]}
-    print(
-        json.dumps(
-            {
-                "bench": "credit",
-                "seeds": args.seeds,
-                "iterations": args.iterations,
-                "max_steps": args.max_steps,
-                "summary": summary,
-                "per_seed": curves,
-                "wall_s": time.perf_counter() - start,
-            }
-        )
+    print_json(
+        {
+            "bench": "credit",
+            "seeds": args.seeds,
+            "iterations": args.iterations,
+            "max_steps": args.max_steps,
+            "summary": summary,
+            "per_seed": curves,
+            "wall_s": time.perf_counter() - start,
+        }
     )
 
 

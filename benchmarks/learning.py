@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.common import DEMO_CONFIGS, demo_config  # noqa: E402
+from benchmarks.common import DEMO_CONFIGS, demo_config, mean_se  # noqa: E402
 from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
@@ -73,12 +73,6 @@ def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> floa
         for draw in range(1, draws + 1)
     ]
     return float(np.mean(scores))
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean over seeds and its standard error (sample std / sqrt(n); 0 for a single seed)."""
-    v = np.asarray(values, np.float64)
-    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
 
 
 def print_table(title: str, table: dict[str, dict[str, list[float]]], splits: list[str]) -> None:

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import math
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from roleagent_jax.envs.base import get_family
-from roleagent_jax.evaluate import evaluate_trajectories
-from roleagent_jax.policy import ModelPolicy
-from roleagent_jax.trainer import make_task_pool
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.common import mean_se, print_json  # noqa: E402
+from roleagent_jax.envs.base import get_family  # noqa: E402
+from roleagent_jax.evaluate import evaluate_trajectories  # noqa: E402
+from roleagent_jax.policy import ModelPolicy  # noqa: E402
+from roleagent_jax.trainer import make_task_pool  # noqa: E402
 
 # family -> (demo config, paper config)
 CONFIGS = {
@@ -32,14 +32,6 @@ CONFIGS = {
     "webshop": ("configs/webshop_demo.py", "configs/webshop.py"),
     "search_qa": ("configs/search_qa_demo.py", "configs/search_qa.py"),
 }
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample standard deviation / sqrt(n))."""
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
-    return mean, math.sqrt(var / n)
 
 
 def _config(path: str):
@@ -111,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         if key in out:
             m, se = out[key]
             print(f"{key:8s} {100 * m:5.1f} +- {100 * se:4.1f} %", file=sys.stderr)
-    print(json.dumps(out), flush=True)
+    print_json(out)
     return out
 
 
