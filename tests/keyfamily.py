@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 from collections.abc import Sequence
 
 from roleagent_jax.envs import Family, Observation, Task, TaskPool
+from roleagent_jax.envs.text import action_block
 
 ROOMS = ("kitchen", "garden", "attic")
 HALL = "hall"
@@ -107,8 +107,7 @@ class KeyNote(Family):
         return f"{seen}{observation}"
 
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
-        m = re.search(r"<action>(.*?)(?:</action>|$)", response, re.DOTALL)
-        action = " ".join(m.group(1).split()) if m else ""
-        if not action:
+        action = action_block(response)
+        if action is None:
             return None, False
         return action, admissible is None or action in admissible
