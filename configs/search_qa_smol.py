@@ -14,39 +14,21 @@ template costs 342 tokens a row against 217 for the compact one (the passages ar
 them saves nothing), and on this CPU every token is time. The compact prompt is the one the 56% first
 try (PyTorch, same rows) was measured with.
 
-Not yet measured end to end: the sizes below are set from per-phase costs measured on small slices
-(docs/experiments.md), not from a full run.
+Measured so far: start-up checks only. The warm start and the RL sizes are estimates from per-token
+rates; no run of this config has been made yet (docs/experiments.md).
 """
 
-from configs import search_qa_demo
-from roleagent_jax.models import smollm2
+from configs import search_qa_demo, smol
 
 
 def get_config():
-    c = search_qa_demo.get_config()  # the knowledge base, the compact protocol, AIW's and WIA's settings
-    c.workdir = "runs/search_qa_smol"
-    c.iterations = 6
-
-    c.model.path = str(smollm2.model_dir())
-    c.model.required = True  # no checkpoint: fail at start-up (fetch it with the command above)
-
-    c.lora.rank = 16  # RL only: 1.2-1.37x faster train steps than full fine-tuning on this shape
-    c.lora.alpha = 32.0
+    # the knowledge base, the compact protocol, AIW's and WIA's settings
+    c = smol.pretrained(search_qa_demo.get_config(), "runs/search_qa_smol")
 
     c.rollout.tasks_per_iter = 8
-    c.rollout.group_size = 4
     c.rollout.max_prompt_tokens = 512  # the longest warm-start row is about 420 tokens
-    c.rollout.max_response_tokens = 32
-
-    c.optim.lr = 2e-5  # LoRA adapters; the demo's 2e-4 was for a from-scratch tiny model
-    c.train.mini_batch_rows = 32
-    c.train.micro_batch_rows = 4
 
     c.warmstart.n_games = 50  # 116 expert turns of ~217 tokens
     c.warmstart.steps = 29  # x 4 rows: one epoch
-    c.warmstart.batch_rows = 4
-    c.warmstart.lr = 5e-5
-    c.warmstart.predictor_fraction = 0.1  # a few predictor rows teach WIA's reply format, cheaply
     c.warmstart.checkpoint_every = 10
-    c.warmstart.end_turn = True
     return c
