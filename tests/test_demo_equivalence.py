@@ -8,14 +8,12 @@ the change, so a demo figure measured then still describes the demo now.
 """
 
 import hashlib
-import importlib.util
+import importlib
 import json
-from pathlib import Path
 
 from roleagent_jax.config import family_options
 from roleagent_jax.envs.base import get_family
 
-ROOT = Path(__file__).resolve().parents[1]
 RESPONSES = [
     "<think>x</think><action>go to cabinet 1</action>", "<action>look</action>", "look",
     "<think>a</think><action>click[buy now]</action>", "<action>search[red shoes]</action>",
@@ -48,10 +46,7 @@ BEFORE = {
 
 
 def _config(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return importlib.import_module(f"configs.{name}").get_config()
 
 
 def _family(config):

@@ -3,7 +3,7 @@
 Skips with the reason when ``python -m roleagent_jax.models.smollm2`` has not cached the model.
 """
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,6 @@ from roleagent_jax.config import validate
 from roleagent_jax.models import smollm2
 from roleagent_jax.tokenizer import chat_prompt, load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
     smollm2.cached() is None,
     reason="SmolLM2-135M-Instruct is not cached: run python -m roleagent_jax.models.smollm2",
@@ -20,10 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return importlib.import_module(f"configs.{name}").get_config()
 
 
 @pytest.mark.parametrize(("name", "family"), [("webshop_smol", "webshop"), ("search_qa_smol", "search_qa")])
