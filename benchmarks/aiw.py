@@ -69,9 +69,8 @@ def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int) -
 
     policy = ModelPolicy(checkpoint, family, temperature=0.0)
     requests = [analysis_request(t, family, policy.encode, max_tokens) for t in trajectories]
-    results = policy.sampler.generate(  # the sampler serves them in chunks of its largest batch
-        policy.params, requests, SamplingParams(temperature=0.0), jax.random.PRNGKey(0)
-    )
+    # the backend's sampler serves them in chunks of its largest batch
+    results = policy.backend.generate(requests, SamplingParams(temperature=0.0), jax.random.PRNGKey(0))
     return [parse_failure_report(r.text, family) for r in results]
 
 

@@ -139,8 +139,9 @@ def time_interleaved(configs: dict, reasoning: int) -> dict[str, dict[str, list[
     try:
         for name, (config, unshared) in configs.items():
             trainer = Trainer(config)
-            counted = CountedSampler(trainer.sampler, reasoning, config.wia.max_tokens if unshared else 0)
-            trainer.sampler.generate = counted
+            sampler = trainer.backend.sampler
+            counted = CountedSampler(sampler, reasoning, config.wia.max_tokens if unshared else 0)
+            sampler.generate = counted
             runs[name] = (trainer, counted, {"seconds": [], "generate_seconds": []})
             trainer.warm_start()
         iterations = min(config.iterations for config, _ in configs.values())

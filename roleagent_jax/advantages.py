@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roleagent_jax.types import Row
+
 Mode = Literal["mean_std_norm", "mean_norm"]
 EPS = 1e-6
 _MIN_BUCKET = 64
@@ -146,11 +148,6 @@ def _gigpo_core(
     return adv
 
 
-@jax.jit
-def _returns_core(rewards, traj, step, gamma):
-    return _reverse_segmented_returns(rewards, traj, step, gamma)
-
-
 # --------------------------------------------------------------------------------------------------
 # host-side preparation
 
@@ -220,33 +217,6 @@ def _pad(x: np.ndarray, size: int, fill) -> np.ndarray:
 def _check_unit_interval(name: str, value: float) -> None:
     if not (0.0 <= value <= 1.0):
         raise ValueError(f"{name} must lie in [0, 1], got {value}")
-
-
-def discounted_returns(
-    rewards: Sequence[float] | np.ndarray,
-    traj_ids: Sequence[int] | np.ndarray,
-    step_index: Sequence[int] | np.ndarray,
-    *,
-    gamma: float = 0.95,
-) -> np.ndarray:
-    """Per-row discounted return ``G_t = r_t + gamma * G_{t+1}`` within each trajectory (no penalty).
-
-    Rows may come in any order; consecutive steps are the trajectory's rows sorted by ``step_index``.
-    Returns float32 [N], aligned with the input rows.
-    """
-    r = _vector("rewards", rewards, None).astype(np.float64)
-    n = r.shape[0]
-    _check_unit_interval("gamma", gamma)
-    if n == 0:
-        return np.zeros((0,), np.float32)
-    traj, _ = _dense(_ids("traj_ids", traj_ids, n))
-    step = _ids("step_index", step_index, n)
-    size = _bucket(n)
-    with jax.enable_x64(True):
-        out = _returns_core(
-            _pad(r, size, 0.0), _pad(traj, size, size - 1), _pad(step, size, 0), np.float64(gamma)
-        )
-        return np.asarray(out, dtype=np.float32)[:n]
 
 
 def gigpo_advantages(
@@ -365,3 +335,33 @@ def gigpo_advantages(
     if not credit_invalid:
         adv = np.where(ok, adv, np.minimum(adv, 0.0))
     return np.where(adv < 0, np.float32(negative_scale) * adv, adv).astype(np.float32)
+
+
+def row_advantages(
+    rows: Sequence[Row],
+    *,
+    anchor_similarity: float = 1.0,
+    return_multiplier: np.ndarray | None = None,
+    **settings,
+) -> np.ndarray:
+    """``gigpo_advantages`` of rollout rows (``types.Row``). The step groups' keys are the rows' exact
+    anchor hashes, or, with ``anchor_similarity`` < 1, near-identical anchors of a task group merged
+    (``similar_anchor_hashes``). ``settings`` are the keyword settings of ``gigpo_advantages``."""
+    if anchor_similarity >= 1.0:
+        anchors = np.array([r.anchor_hash for r in rows], np.uint64)
+    else:
+        anchors = similar_anchor_hashes(
+            [r.anchor for r in rows], [r.group_id for r in rows], anchor_similarity
+        )
+    return np.asarray(
+        gigpo_advantages(
+            np.array([r.reward for r in rows], np.float32),
+            np.array([r.traj_id for r in rows]),
+            np.array([r.group_id for r in rows]),
+            np.array([r.step_index for r in rows]),
+            anchors,
+            np.array([r.valid for r in rows]),
+            return_multiplier=return_multiplier,
+            **settings,
+        )
+    )

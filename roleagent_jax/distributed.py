@@ -5,9 +5,9 @@ identical by construction (jitted functions over global arrays); host work is no
 
 - environments are split: each process steps its own contiguous share of the rollout slots
   (``process_share``) and the results are gathered to every process (``allgather_objects``);
-- decisions that use host randomness (the AIW task sampler's draw, its logits after a round) are made
-  on process 0 and broadcast (``broadcast_from_main``, ``broadcast_object``), so all processes feed
-  the same batch to the same compiled step;
+- host decisions (the AIW task sampler's draw, its logits after a round) are made by every process
+  from the same seed and the same gathered trajectories, so all feed the same batch to the same
+  compiled step without a broadcast;
 - global batches are built from host arrays that every process holds in full (``global_batch``);
 - logging and file writes other than orbax checkpoints happen on process 0 (``is_main_process``);
   orbax's CheckpointManager is called from all processes (it coordinates the writes itself).
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -80,58 +79,11 @@ def process_share(n: int, process_index: int | None = None, process_count: int |
     return range(start, start + base + (index < extra))
 
 
-def local_workers(num_workers: int) -> int:
-    """Environment worker processes this host should start: its share of ``num_workers``, at least 1."""
-    return max(1, len(process_share(num_workers)))
-
-
-def broadcast_from_main(tree: Any) -> Any:
-    """Process 0's value of a pytree of arrays (e.g. sampled task ids, sampler probabilities) everywhere.
-
-    Returns numpy arrays with the same structure; single-process runs get their input back as numpy.
-    """
-    if jax.process_count() == 1:
-        return jax.tree.map(np.asarray, tree)
-    out = multihost_utils.broadcast_one_to_all(tree, is_source=is_main_process())
-    return jax.tree.map(np.asarray, out)
-
-
-def _to_bytes_array(obj: Any) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-
-
-def broadcast_object(obj: Any) -> Any:
-    """Process 0's copy of any picklable host object (a task sampler's state dict, an AIW report list).
-
-    Two collectives: the byte length, then the bytes padded to it. Peers are the same trusted program,
-    so pickle is safe here; never use it on data from outside the run.
-    """
-    if jax.process_count() == 1:
-        return obj
-    payload = _to_bytes_array(obj) if is_main_process() else np.zeros(0, np.uint8)
-    length = int(broadcast_from_main(np.array(payload.size, np.int64)))
-    buf = np.zeros(length, np.uint8)
-    if is_main_process():
-        buf[:] = payload
-    buf = broadcast_from_main(buf)
-    return pickle.loads(buf.tobytes())
-
-
-def on_main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a host-only ``fn`` (no JAX collectives inside) on process 0; every process gets its result.
-
-    For the AIW sampler's draw and its logits update. Work that runs device computations on the global
-    mesh (LLM failure analysis through the sampler) must instead run on every process.
-    """
-    result = fn(*args, **kwargs) if is_main_process() else None
-    return broadcast_object(result)
-
-
 def allgather_objects(obj: Any) -> list[Any]:
     """Every process's ``obj``, in process order, on every process (e.g. each host's trajectories)."""
     if jax.process_count() == 1:
         return [obj]
-    payload = _to_bytes_array(obj)
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.array([payload.size], np.int64))).reshape(-1)
     buf = np.zeros(int(sizes.max()), np.uint8)
     buf[: payload.size] = payload

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -97,10 +99,11 @@ def summarize(
     score_name: str = "score",
     pool: TaskPool | None = None,
 ) -> dict:
-    """Success overall and per task type (in the family's order), plus a few diagnostics. Families that
-    score episodes (`Observation.score`) also get the mean score under `score_name`, overall and per type
-    (`per_type_<score_name>`); an episode that ended without a score counts 0. With the pool, the games
-    whose environment failed, by name and reason."""
+    """Success overall and per task type (in the family's order), plus a few diagnostics: the one
+    summary of an evaluation, for this command, the trainer's evaluations and the report. Families that
+    score episodes (`Observation.score`) also get `score_name` and the mean score under that name, its
+    standard error (`<score_name>_se`) and the mean per type (`per_type_<score_name>`); an episode that
+    ended without a score counts 0. With the pool, the games whose environment failed, by name and reason."""
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -119,7 +122,10 @@ def summarize(
     }
     if any(t.score is not None for t in trajs):
         scores = {k: [t.score or 0.0 for t in trajs if t.task_type == k] for k in per_type}
-        out[score_name] = sum(t.score or 0.0 for t in trajs) / n
+        every = [t.score or 0.0 for t in trajs]
+        out["score_name"] = score_name
+        out[score_name] = sum(every) / n
+        out[f"{score_name}_se"] = statistics.stdev(every) / math.sqrt(n) if n > 1 else 0.0
         out[f"per_type_{score_name}"] = {k: sum(v) / len(v) for k, v in scores.items()}
     return out
 

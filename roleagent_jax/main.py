@@ -120,15 +120,22 @@ def _percent(value: float | None) -> str:
 
 
 def print_summary(summary: dict) -> None:
-    """The before/after success table (per eval split) and where the report and model are."""
+    """The before/after success table (per eval split, with the family's score where it has one) and
+    where the report and model are."""
+    from roleagent_jax.report import rates
+
     ev = summary.get("eval", {})
     before, after = ev.get("before", {}), ev.get("after", {})
     for split in sorted(set(before) | set(after)):
-        b, a = before.get(split, {}), after.get(split, {})
+        sb, sa = before.get(split, {}), after.get(split, {})
+        b, a = rates(sb), rates(sa)
         types = [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]
         print(f"\n{split}: success before -> after RL")
         for t in types:
             print(f"  {t:34s} {_percent(b.get(t))} -> {_percent(a.get(t))}")
+        name = (sa or sb).get("score_name")
+        if name:
+            print(f"  {name + ' (mean)':34s} {_percent(sb.get(name))} -> {_percent(sa.get(name))}")
     if "report" in summary:
         print(f"\nreport: {summary['report']}")
     print(f"final model (Hugging Face format): {summary.get('final_model')}")

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from roleagent_jax.episodes import success_summary
+from roleagent_jax.types import Row
+
+if TYPE_CHECKING:
+    from roleagent_jax.rollout import RolloutResult
 
 ECHO_KEYS = (
     "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "update/loss",
@@ -79,3 +89,46 @@ def _step_of(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def iteration_metrics(
+    metrics: dict[str, float],
+    result: RolloutResult,
+    rows: Sequence[Row],
+    adv: np.ndarray,
+    task_types: Sequence[str],
+    times: dict[str, float],
+) -> dict[str, float]:
+    """An iteration's scalars: `metrics` (WIA, update, AIW) with the rollout's success per task type,
+    return, validity, row and advantage sizes, sampler throughput and each phase's seconds. `rows` are
+    the rows trained on (with predictor rows, when those train)."""
+    trajs, stats = result.trajectories, result.stats
+    out = dict(metrics)
+    out.update({f"train/success/{k}": v for k, v in success_summary(trajs, task_types).items()})
+    out.update(
+        {
+            "train/return": float(np.mean([t.total_reward for t in trajs])),
+            "train/episode_len": float(np.mean([len(t.steps) for t in trajs])),
+            "train/valid_rate": float(np.mean([r.valid for r in result.rows])) if result.rows else 0.0,
+            "train/rows": len(rows),
+            "train/adv_abs": float(np.abs(adv).mean()) if len(adv) else 0.0,
+            "train/env_failed": float(np.sum([t.env_failed for t in trajs])),
+            "rollout/sampler_calls": stats["sampler_calls"],
+            "rollout/tokens_per_s": stats["generated_tokens"] / max(stats["time_generate"], 1e-9),
+            "rollout/prompts_truncated": stats["prompts_truncated"],
+            "time/generate": stats["time_generate"],
+            "time/env": stats["time_env"],
+        }
+    )
+    out.update({f"time/{k}": v for k, v in times.items()})
+    return out
+
+
+def eval_metrics(split: str, summary: dict) -> dict[str, float]:
+    """An evaluation summary (`evaluate.summarize`) as scalars: success overall (`all`) and per task
+    type, and the family's score (WebShop's score, search-QA's EM) where it has one."""
+    out = {f"eval/{split}/{k}": v for k, v in summary["per_type"].items()}
+    out[f"eval/{split}/all"] = summary["success"]
+    if "score_name" in summary:
+        out[f"eval/{split}/{summary['score_name']}"] = summary[summary["score_name"]]
+    return out

@@ -15,9 +15,9 @@ from flax import nnx
 
 from roleagent_jax.envs.base import Family
 from roleagent_jax.models import load_pretrained
-from roleagent_jax.rollout import Tokenize
-from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-from roleagent_jax.tokenizer import eos_ids, load_tokenizer
+from roleagent_jax.sampling import SampleRequest, SamplingParams
+from roleagent_jax.sampling.backend import make_backend
+from roleagent_jax.tokenizer import PromptEncoder, eos_ids, load_tokenizer
 
 PROMPT_SETTINGS = "roleagent.json"
 DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
@@ -28,7 +28,7 @@ def write_prompt_settings(directory: str | Path, **settings) -> None:
 
 
 class ModelPolicy:
-    """Batched agent responses from the model through the shared sampler (one call per step).
+    """Batched agent responses from the model through the rollout backend (one call per step).
 
     The episode loop builds each turn's prompt with the family's builder and this policy's `history_k`,
     exactly as training rollouts do."""
@@ -60,9 +60,10 @@ class ModelPolicy:
         self.history_k = int(self.settings["history_k"])
         model, config = load_pretrained(path)
         self.tokenizer = load_tokenizer(path)
-        self.encode = Tokenize(self.tokenizer, self.settings["max_prompt_tokens"])  # as the rollout does
-        graphdef, self.params = nnx.split(model)
-        self.sampler = Sampler(graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
+        self.encode = PromptEncoder(self.tokenizer, self.settings["max_prompt_tokens"])  # as the rollout does
+        graphdef, params = nnx.split(model)
+        self.backend = make_backend("jax", graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
+        self.backend.update_weights(params)
         self.sampling = SamplingParams(temperature=temperature)
         self.key = jax.random.PRNGKey(seed)
         self.calls = 0
@@ -75,7 +76,5 @@ class ModelPolicy:
             for x in batch
         ]
         self.calls += 1
-        results = self.sampler.generate(
-            self.params, requests, self.sampling, jax.random.fold_in(self.key, self.calls)
-        )
+        results = self.backend.generate(requests, self.sampling, jax.random.fold_in(self.key, self.calls))
         return [r.text for r in results]

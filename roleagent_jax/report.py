@@ -27,12 +27,23 @@ def _cell(p: float | None, se: float | None) -> str:
     return f"{100 * p:.1f}" if se is None or np.isnan(se) else f"{100 * p:.1f} ± {100 * se:.1f}"
 
 
-def evaluation_rows(before: dict, after: dict, counts: dict) -> list[str]:
-    """Markdown rows: success before and after RL and their difference, each with its standard error
-    (binomial; a cell without a game count shows the rate alone)."""
+def rates(summary: dict) -> dict[str, float]:
+    """Success per task type and overall (`all`) of an evaluation summary (`evaluate.summarize`)."""
+    return {**summary.get("per_type", {}), "all": summary["success"]} if summary else {}
+
+
+def _games(summary: dict) -> dict[str, int]:
+    return {**summary.get("count_per_type", {}), "all": summary["n"]} if summary else {}
+
+
+def evaluation_rows(before: dict, after: dict) -> list[str]:
+    """Markdown rows from the before/after summaries of each split: success before and after RL and the
+    difference, each with its standard error (binomial; a split without game counts shows the rates
+    alone), then the family's score (mean ± its standard error) where it has one."""
     rows = []
     for split in sorted(set(before) | set(after)):
-        b, a, n = before.get(split, {}), after.get(split, {}), counts.get(split, {})
+        sb, sa = before.get(split, {}), after.get(split, {})
+        b, a, n = rates(sb), rates(sa), _games(sa or sb)
         for t in [k for k in sorted(set(b) | set(a)) if k != "all"] + ["all"]:
             pb, pa, nt = b.get(t), a.get(t), n.get(t)
             se_b = binomial_se(pb, nt) if pb is not None and nt else None
@@ -45,6 +56,10 @@ def evaluation_rows(before: dict, after: dict, counts: dict) -> list[str]:
             rows.append(
                 f"| {split} | {t} | {nt if nt else '-'} | {_cell(pb, se_b)} | {_cell(pa, se_a)} | {diff} |"
             )
+        name = (sa or sb).get("score_name")
+        if name:
+            cells = [_cell(x.get(name), x.get(f"{name}_se")) if x else "-" for x in (sb, sa)]
+            rows.append(f"| {split} | {name} (mean) | {n.get('all', '-')} | {cells[0]} | {cells[1]} | - |")
     return rows
 
 
@@ -81,10 +96,11 @@ def _plot_before_after(before: dict, after: dict, path: Path) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4), squeeze=False)
     for ax, split in zip(axes[0], splits, strict=True):
-        types = [t for t in sorted(set(before[split]) | set(after[split])) if t != "all"] + ["all"]
+        b, a = rates(before[split]), rates(after[split])
+        types = [t for t in sorted(set(b) | set(a)) if t != "all"] + ["all"]
         x = np.arange(len(types))
-        ax.bar(x - 0.2, [100 * before[split].get(t, 0) for t in types], 0.4, label="before RL")
-        ax.bar(x + 0.2, [100 * after[split].get(t, 0) for t in types], 0.4, label="after RL")
+        ax.bar(x - 0.2, [100 * b.get(t, 0) for t in types], 0.4, label="before RL")
+        ax.bar(x + 0.2, [100 * a.get(t, 0) for t in types], 0.4, label="after RL")
         ax.set_xticks(
             x,
             [t.replace("_then_place_in_recep", "").replace("pick_", "") for t in types],
@@ -197,7 +213,7 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
             "| split | task type | games | before RL | after RL | after - before |",
             "|---|---|---|---|---|---|",
         ]
-        lines += evaluation_rows(ev.get("before", {}), ev.get("after", {}), host.get("eval_counts", {}))
+        lines += evaluation_rows(ev.get("before", {}), ev.get("after", {}))
         lines.append("")
     if host.get("sft_losses"):
         losses = host["sft_losses"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -89,9 +89,20 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, user: str, system: str | Non
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids without added special tokens (the chat template already placed them)."""
-    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+class PromptEncoder:
+    """The one way a user message becomes prompt ids: chat-templated, encoded without added special
+    tokens (the template placed them), and, with `max_tokens`, cut to its last `max_tokens` ids (the
+    end of a prompt holds the current observation and the answer format). Counts the prompts it cut."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int | None = None):
+        self.tokenizer, self.max_tokens, self.truncated = tokenizer, max_tokens, 0
+
+    def __call__(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(chat_prompt(self.tokenizer, text), add_special_tokens=False)
+        if self.max_tokens is not None and len(ids) > self.max_tokens:
+            self.truncated += 1
+            ids = ids[-self.max_tokens :]
+        return ids
 
 
 def eos_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:

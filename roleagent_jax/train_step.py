@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -532,3 +532,74 @@ def pack_rows(
     if response_logprobs is not None:
         out["sampler_logprobs"] = sampler_lp
     return out
+
+
+def ppo_batch(
+    rows: Sequence[Any],
+    advantages: np.ndarray,
+    *,
+    pad_id: int,
+    max_prompt: int,
+    max_response: int,
+    mini_batch_rows: int,
+    old_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
+    ref_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """One iteration's rows (``types.Row``) as PPO's host batch: the token grid, advantages, and the
+    old-policy and reference log-probs, padded to whole mini-batches with zero-weight rows (every
+    step then has one shape and one compile).
+
+    The log-probs are fixed for every row before the first step, so the ratio of later mini-batches
+    measures how far the policy moved in this iteration. `old_logprobs=None` takes the sampler's own
+    (the same quantity: log_softmax of the raw logits, prompts cut to the same limit), one forward pass
+    fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass).
+    """
+    packed = pack_rows(
+        [r.prompt_ids for r in rows],
+        [r.response_ids for r in rows],
+        pad_id,
+        max_prompt=max_prompt,
+        max_response=max_response,
+        response_logprobs=[r.logprobs for r in rows] if old_logprobs is None else None,
+    )
+    n, mb = len(rows), mini_batch_rows
+    padded = -(-n // mb) * mb
+    fill = np.concatenate([np.arange(n), np.zeros(padded - n, np.int64)])
+    packed = {k: v[fill] for k, v in packed.items()}
+    packed["loss_mask"][n:] = 0  # padding rows repeat row 0 but weigh nothing
+    packed["advantages"] = advantages[fill].astype(np.float32)
+
+    def chunked(fn: Callable[[dict[str, jax.Array]], np.ndarray]) -> np.ndarray:
+        keys = (*MODEL_KEYS, "loss_mask")
+        return np.concatenate(
+            [fn({k: jnp.asarray(packed[k][s : s + mb]) for k in keys}) for s in range(0, padded, mb)]
+        )
+
+    packed["old_logprobs"] = packed.pop("sampler_logprobs") if old_logprobs is None else chunked(old_logprobs)
+    packed["ref_logprobs"] = chunked(ref_logprobs) if ref_logprobs is not None else packed["old_logprobs"]
+    return packed
+
+
+def ppo_epochs(
+    train_step: TrainStep,
+    state: TrainState,
+    packed: dict[str, np.ndarray],
+    n_rows: int,
+    *,
+    mini_batch_rows: int,
+    epochs: int,
+    rng: np.random.Generator,
+    frozen: Any = None,
+) -> tuple[TrainState, dict[str, float]]:
+    """PPO epochs over shuffled mini-batches of a `ppo_batch` (its first `n_rows` rows are real; the
+    padding rows stay last). Returns the new state and each metric's mean over the steps."""
+    padded, mb = len(packed["advantages"]), mini_batch_rows
+    sums: dict[str, list[float]] = {}
+    for _ in range(epochs):
+        order = np.concatenate([rng.permutation(n_rows), np.arange(n_rows, padded)])
+        for start in range(0, padded, mb):
+            idx = order[start : start + mb]
+            state, metrics = train_step(state, {k: jnp.asarray(v[idx]) for k, v in packed.items()}, frozen)
+            for k, v in metrics.items():
+                sums.setdefault(f"update/{k}", []).append(float(v))
+    return state, {k: float(np.mean(v)) for k, v in sums.items()}

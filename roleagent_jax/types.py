@@ -25,6 +25,39 @@ class Step:
     parsed: bool = False
 
 
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are played and prompted: shared by the rollout and WIA's predictor."""
+
+    max_steps: int = 50
+    history_k: int = 2
+    max_prompt_tokens: int = 2048
+    max_response_tokens: int = 512
+    wia_mode: str = "off"  # separate | inline | off
+    wia_horizon: int = 1
+    wia_fraction: float = 1.0
+    wia_max_tokens: int = 128
+
+
+@dataclass
+class Row:
+    """One sampled answer as a training row: its token ids, the sampler's log-probs, and what the
+    advantages need (the episode, group, step, the hashed anchor state, reward and validity)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    traj_id: int
+    group_id: int
+    task_id: int
+    step_index: int
+    anchor_hash: int
+    reward: float
+    valid: bool
+    done: bool
+    anchor: str = ""  # the anchor itself, for similarity clustering of step groups
+
+
 @dataclass
 class Trajectory:
     """One episode of one task by one rollout."""

@@ -2,8 +2,8 @@
 
     python tests/multihost_worker.py --process-id I --num-processes N --port P --devices D --out FILE
 
-Mirrors what a training iteration does across hosts: process 0 draws the tasks (host randomness, seeded
-differently per process on purpose) and broadcasts them; each process scores its own share of the rows
+Mirrors what a training iteration does across hosts: every process draws the same tasks from the same
+seed; each process scores its own share of the rows
 (its "environments") and the shares are all-gathered; the batch becomes a global array; the jitted
 update runs on the global mesh. The final parameters (gathered to host) go to ``--out`` as an .npz.
 With ``--num-processes 1`` the same program runs in one process over ``D`` devices, the reference.
@@ -67,13 +67,9 @@ def main(argv: list[str]) -> None:
     host_params = jax.tree.map(np.asarray, params)  # identical on every process (same seed)
     params = jax.device_put(host_params, param_shardings(host_params, mesh))
 
-    # Host decisions: process 0's draw wins (the others would draw different tasks on their own).
+    # Host decisions: every process draws the same tasks from the same seed (as the trainer's sampler does).
     rows, length, pool = 8, 12, 32
-    own_draw = np.random.default_rng(1000 + jax.process_index()).integers(0, pool, rows)
-    task_ids = distributed.broadcast_from_main(own_draw)
-    drawn_on_main = distributed.on_main(lambda: own_draw.tolist())
-    if drawn_on_main != task_ids.tolist():
-        raise AssertionError(f"on_main gave {drawn_on_main}, broadcast gave {task_ids.tolist()}")
+    task_ids = np.random.default_rng(1000).integers(0, pool, rows)
     tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, (pool, length)).astype(np.int32)
     # Each process scores only its share of the rows ("its environments"), then everyone gets all.
     share = distributed.process_share(rows)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from roleagent_jax.advantages import (
-    discounted_returns,
     gigpo_advantages,
     hash_anchor,
     similar_anchor_hashes,
@@ -286,17 +285,6 @@ def test_bucket_edges(n):
     )
     got = gigpo_advantages(rewards, traj, group, step, anchors, valid, **kw)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_discounted_returns_matches_reference():
-    rng = np.random.default_rng(3)
-    for _ in range(20):
-        b = random_batch(rng)
-        gamma = float(rng.uniform(0.0, 1.0))
-        got = discounted_returns(b["reward"], b["traj"], b["step"], gamma=gamma)
-        np.testing.assert_allclose(
-            got, ref_returns(b["reward"], b["traj"], b["step"], gamma), rtol=1e-5, atol=1e-5
-        )
 
 
 def test_hash_anchor_is_stable_64_bit():

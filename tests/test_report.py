@@ -17,12 +17,12 @@ def test_binomial_standard_error_matches_the_formula():
 
 
 def test_report_shows_each_rate_and_the_difference_with_its_standard_error(tmp_path):
+    counts = {"count_per_type": {"look_at_obj_in_light": 4}, "n": 100}
     host = {
         "eval": {
-            "before": {"gen_seen": {"look_at_obj_in_light": 0.25, "all": 0.5}},
-            "after": {"gen_seen": {"look_at_obj_in_light": 0.5, "all": 0.6}},
+            "before": {"gen_seen": {"per_type": {"look_at_obj_in_light": 0.25}, "success": 0.5, **counts}},
+            "after": {"gen_seen": {"per_type": {"look_at_obj_in_light": 0.5}, "success": 0.6, **counts}},
         },
-        "eval_counts": {"gen_seen": {"look_at_obj_in_light": 4, "all": 100}},
     }
     text = write_report(tmp_path, ConfigDict({"algo": "roleagent"}), [], host).read_text()
     assert "| gen_seen | all | 100 | 50.0 ± 5.0 | 60.0 ± 4.9 | +10.0 ± 7.0 |" in text
@@ -31,10 +31,15 @@ def test_report_shows_each_rate_and_the_difference_with_its_standard_error(tmp_p
     assert expected in text
 
 
-def test_report_without_game_counts_shows_the_rates_alone(tmp_path):
-    host = {"eval": {"before": {"s": {"all": 0.5}}, "after": {"s": {"all": 0.25}}}}
+def test_report_shows_the_family_score_with_its_standard_error(tmp_path):
+    def summary(success, score, se):
+        return {"per_type": {}, "count_per_type": {}, "n": 96, "success": success, "score_name": "score",
+                "score": score, "score_se": se}  # fmt: skip
+
+    host = {"eval": {"before": {"s": summary(0.5, 0.61, 0.02)}, "after": {"s": summary(0.25, 0.7, 0.031)}}}
     text = write_report(tmp_path, ConfigDict({"algo": "grpo"}), [], host).read_text()
-    assert "| s | all | - | 50.0 | 25.0 | -25.0 |" in text
+    assert "| s | all | 96 | 50.0 ± 5.1 | 25.0 ± 4.4 | -25.0 ± 6.8 |" in text
+    assert "| s | score (mean) | 96 | 61.0 ± 2.0 | 70.0 ± 3.1 | - |" in text
 
 
 def test_report_tabulates_each_aiw_round_and_plots_the_mix_and_the_share_shift(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from roleagent_jax.tokenizer import chat_prompt, encode_prompts, eos_ids, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.tokenizer import PromptEncoder, chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
 
 TEXTS = [
     "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a knife 2.",
@@ -26,8 +26,11 @@ def test_chat_template_and_eos(tmp_path):
     prompt = chat_prompt(tok, "Your task is to: put a clean apple in fridge.", system="You are an agent.")
     assert prompt.startswith("<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\n")
     assert prompt.endswith("<|im_start|>assistant\n")
-    ids = encode_prompts(tok, [prompt])[0]
+    ids = PromptEncoder(tok)("Your task is to: put a clean apple in fridge.")
     assert tok.convert_tokens_to_ids("<|im_start|>") in ids  # specials are single tokens
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    cut = PromptEncoder(tok, max_tokens=5)
+    assert cut("Your task is to: put a clean apple in fridge.") == ids[-5:] and cut.truncated == 1
     assert tok.convert_tokens_to_ids("<|im_end|>") in eos_ids(tok)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from roleagent_jax import wia
-from roleagent_jax.advantages import discounted_returns, gigpo_advantages
+from roleagent_jax.advantages import gigpo_advantages
 from roleagent_jax.envs import PredictorFraming, get_family
 
 ALFWORLD = get_family("alfworld")
@@ -221,7 +221,9 @@ def test_shaping_keeps_failures_at_zero_and_scales_success():
     r_pre = np.array([0.9, 1.0, 0.3, 0.7], np.float32)
 
     def shaped(rewards, gamma, lam=1.0):  # R_t = G_t * (1 + lam R_pre), as gigpo_advantages applies it
-        g = discounted_returns(rewards, [0] * len(rewards), range(len(rewards)), gamma=gamma)
+        g = np.zeros(len(rewards), np.float32)
+        for t in reversed(range(len(rewards))):
+            g[t] = rewards[t] + (gamma * g[t + 1] if t + 1 < len(rewards) else 0.0)
         return g * wia.return_multiplier(r_pre, lam)
 
     failed = shaped([0, 0, 0, 0], gamma=0.95)

@@ -84,6 +84,31 @@ class TaskSampler:
         self.success = np.full(self.n_tasks, np.nan)  # recent success rate per task; NaN: never played
         self.rng = np.random.default_rng(seed)
 
+    @classmethod
+    def from_config(cls, n_tasks: int, config: Mapping, seed: int = 0) -> TaskSampler:
+        """A sampler with the settings of an ``aiw`` config section (eta, decay, temperature, epsilon, cap;
+        cap 0 = none, never below 1 / n_tasks)."""
+        sampler = cls(n_tasks, seed=seed)
+        sampler.configure(config)
+        return sampler
+
+    def configure(self, config: Mapping) -> list[str]:
+        """Take the settings of an ``aiw`` config section, keeping the logits and the random state (a
+        resumed run may change them on the command line); returns each change as ``"key old -> new"``."""
+        cap = max(config["cap"], 1.0 / self.n_tasks) if config["cap"] else None
+        new = {k: config[k] for k in ("eta", "decay", "temperature", "epsilon")} | {"cap": cap}
+        probe = TaskSampler(self.n_tasks, bound=self.bound, **new)  # checks the values
+        changed = [f"{k} {getattr(self, k)} -> {v}" for k, v in new.items() if getattr(self, k) != v]
+        for k in new:
+            setattr(self, k, getattr(probe, k))
+        return changed
+
+    def type_shares(self, task_types: list[str]) -> dict[str, float]:
+        """``aiw/share/<type>``: the sampling probability of each task type (tasks given by their types)."""
+        types, index = np.unique(task_types, return_inverse=True)
+        shares = np.bincount(index, weights=self.probs(), minlength=len(types))
+        return {f"aiw/share/{t}": float(p) for t, p in zip(types, shares, strict=True)}
+
     def record(self, outcomes: Mapping[int, float], keep: float = 0.5) -> None:
         """Fold this round's success rate per task (won share of its rollouts) into the recent rate."""
         for task, won in outcomes.items():

@@ -1,0 +1,238 @@
+"""What a run builds before its first RL iteration: task pools, the model and its tokenizer (loaded, or
+made: a BPE fitted to the expert's games and a randomly initialised model), the expert's games and the
+supervised warm start. The trainer calls these once; none of them holds state of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+from flax import nnx
+from ml_collections import ConfigDict
+from tqdm.auto import tqdm
+
+from roleagent_jax import distributed
+from roleagent_jax.aiw import FailureMemory
+from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
+from roleagent_jax.config import family_options
+from roleagent_jax.envs import EnvPool, Family, TaskPool
+from roleagent_jax.episodes import failed_games
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.sharding import shard_model
+from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.train_step import make_optimizer
+from roleagent_jax.types import RolloutSettings, Trajectory
+from roleagent_jax.warmstart import Example, examples_from_episodes, expert_episodes, run_sft, target_ids
+
+EXPERT_MAX_STEPS = 50  # the expert plays to the end even when RL episodes are cut shorter
+
+
+def say(config: ConfigDict, text: str) -> None:
+    """One progress line for a phase that shows no bar (game generation, expert play, tokenizer,
+    evaluation), on process 0 and only with log.progress; written above any running bar."""
+    if config.log.progress and distributed.is_main_process():
+        tqdm.write(text)
+
+
+def print_failed(where: str, trajs: list[Trajectory], pool: TaskPool) -> None:
+    """Name each game whose environment failed (it counts as a loss) and why."""
+    for game in failed_games(trajs, pool):
+        print(
+            f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
+        )
+
+
+def rollout_settings(config: ConfigDict) -> RolloutSettings:
+    c = config
+    return RolloutSettings(
+        max_steps=c.env.max_steps,
+        history_k=c.env.history_k,
+        max_prompt_tokens=c.rollout.max_prompt_tokens,
+        max_response_tokens=c.rollout.max_response_tokens,
+        wia_mode=c.wia.mode,
+        wia_horizon=c.wia.horizon,
+        wia_fraction=c.wia.fraction,
+        wia_max_tokens=c.wia.max_tokens,
+    )
+
+
+def env_pool(config: ConfigDict, family: Family, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
+    c = config.env
+    return EnvPool(family, pool, num_workers=c.num_workers, step_timeout=c.step_timeout,
+                   max_steps=max_steps or c.max_steps)  # fmt: skip
+
+
+def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:
+    """Real data splits come from the family's data folder; its generated splits go into the workdir.
+    Both get the family's own settings (search QA's retriever serves its real data sets too).
+
+    Every purpose draws its own games of the same distribution (its own seed offset): evaluation's are
+    held out from both training sets, and the warm start's (with warmstart.own_games) are never RL's.
+    With several processes, process 0 generates and the others then read the same files.
+    """
+    options = family_options(config, family)
+    if split not in family.generated_splits:
+        return family.task_pool(
+            split, data_dir=config.env.data_dir or None, options=options, on_corrupt=config.env.on_corrupt
+        )
+    g = config.env.gen
+    n, offset = {
+        "train": (g.n_train, 0),
+        "eval": (g.n_eval, 1000),
+        "warmstart": (config.warmstart.n_games, 2000),
+    }[purpose]
+    say(config, f"games: {n} {split} games for {purpose} (made once, then reused)")
+    gen_dir = Path(g.dir or workdir / "games") / f"{purpose}_{split}"
+
+    def generate() -> TaskPool:
+        return family.task_pool(split, gen_dir=gen_dir, n=n, seed=g.seed + offset, options=options)
+
+    pool = generate() if distributed.is_main_process() else None
+    distributed.sync(f"games/{purpose}/{split}")
+    return pool if pool is not None else generate()
+
+
+def load_settings(config: ConfigDict) -> dict:
+    """How every checkpoint a run reads is built: the config's dtypes, remat and layer scan apply to a
+    pretrained model as to a new one."""
+    m = config.model
+    return dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_layers=m.scan_layers)
+
+
+def load_params(config: ConfigDict, directory: str | Path, mesh) -> nnx.State:
+    """The parameters of a saved model (a warm-start export, a LoRA base), sharded over `mesh`."""
+    model, _ = load_pretrained(directory, mesh=mesh, **load_settings(config))
+    return nnx.state(model, nnx.Param)
+
+
+class Experts:
+    """The expert's games for the warm start and the examples made of them, played once and kept (the
+    tokenizer of a new model is fitted to the same examples the warm start then trains on)."""
+
+    def __init__(self, config: ConfigDict, family: Family, train_pool: TaskPool, workdir: Path):
+        self.config, self.family, self.train_pool, self.workdir = config, family, train_pool, workdir
+        self._trajectories: list[Trajectory] | None = None
+
+    def pool(self) -> TaskPool:
+        """The first `n_games` of the RL pool, or, with `warmstart.own_games` on a generated split, games
+        of their own: then RL never trains on a game the model has memorised, and its gains are the
+        ones that carry over to unseen games."""
+        c = self.config
+        if c.warmstart.own_games and c.env.train_split in self.family.generated_splits:
+            return make_task_pool(c, self.family, c.env.train_split, self.workdir, "warmstart")
+        n = min(c.warmstart.n_games or len(self.train_pool), len(self.train_pool))
+        return self.train_pool.subset(list(range(n)))
+
+    def trajectories(self) -> list[Trajectory]:
+        if self._trajectories is None:
+            pool = self.pool()
+            ids = list(range(len(pool)))
+            say(self.config, f"expert: playing {len(ids)} games for the warm start's examples")
+            with env_pool(self.config, self.family, pool, EXPERT_MAX_STEPS) as envs:
+                self._trajectories = expert_episodes(
+                    self.family, envs, ids, EXPERT_MAX_STEPS, explore=self.config.warmstart.explore,
+                    seed=self.config.seed,
+                )  # fmt: skip
+        return self._trajectories
+
+    def examples(self) -> list[Example]:
+        c = self.config
+        return examples_from_episodes(
+            self.trajectories(), self.family, c.env.history_k, c.wia.horizon,
+            predictor=c.warmstart.predictor, predictor_fraction=c.warmstart.predictor_fraction,
+        )  # fmt: skip
+
+
+def train_tokenizer(config: ConfigDict, experts: Experts, workdir: Path):
+    """Fit a byte-level BPE to the text the model will read and write (the expert's games)."""
+    texts = []
+    for e in experts.examples():
+        texts += [e.prompt, e.target]
+    size = config.tokenizer.train_vocab_size
+    say(config, f"tokenizer: fitting a {size}-token BPE to {len(texts)} texts")
+    if distributed.is_main_process():
+        train_bpe_tokenizer(texts, size, workdir / "tokenizer")
+    distributed.sync("tokenizer")
+    return load_tokenizer(workdir / "tokenizer")  # as a resumed run will load it
+
+
+def build_model(config: ConfigDict, workdir: Path, mesh, resuming: bool, experts: Experts):
+    """(model, model config, tokenizer): the pretrained model of `model.path`, the random model a
+    resumed run saved in `hf_init`, or a new random model of `model.init` (saved there)."""
+    c = config
+    init_dir = workdir / "hf_init"
+    if c.model.path:
+        model, mcfg = load_pretrained(c.model.path, mesh=mesh, **load_settings(c))
+        return model, mcfg, load_tokenizer(c.tokenizer.path or c.model.path)
+    if resuming and init_dir.is_dir():
+        model, mcfg = load_pretrained(init_dir, mesh=mesh, **load_settings(c))
+        return model, mcfg, load_tokenizer(init_dir)
+    tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else train_tokenizer(c, experts, workdir)
+    fields = dict(c.model.init.to_dict(), vocab_size=len(tok), model_type="qwen2",
+                  architectures=["Qwen2ForCausalLM"], eos_token_id=tok.eos_token_id)  # fmt: skip
+    mcfg = Qwen2Config.from_hf(fields, **load_settings(c))
+    model = shard_model(Qwen2ForCausalLM(mcfg, rngs=nnx.Rngs(c.seed)), mesh)
+    save_pretrained(model, init_dir, tokenizer=tok)  # every process takes part; process 0 writes
+    return model, mcfg, tok
+
+
+def plain_token_ids(tokenizer) -> list[int]:
+    """Every token id of the tokenizer that is not a special token (what copy batches draw from)."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
+def warm_start(config: ConfigDict, graphdef, params, examples: list[Example], tokenizer, workdir: Path):
+    """Supervised warm start of the whole model on the expert's examples; resumes from its own
+    checkpoints. Returns (params, ~50 of the losses for the report, always ending on the last)."""
+    c = config
+    every = c.warmstart.checkpoint_every
+    ckpt = Checkpointer(workdir / WARMSTART_CHECKPOINTS, keep=2) if every else None
+    params, losses = run_sft(
+        graphdef,
+        params,
+        examples,
+        PromptEncoder(tokenizer),
+        lambda text: target_ids(tokenizer, text, c.warmstart.end_turn),
+        tokenizer.pad_token_id,
+        steps=c.warmstart.steps,
+        batch_rows=c.warmstart.batch_rows,
+        lr=c.warmstart.lr,
+        seed=c.seed,
+        progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
+        checkpoint=ckpt,
+        checkpoint_every=every,
+        predictor_target_tokens=c.wia.max_tokens,
+        copy_steps=c.warmstart.copy_steps,
+        copy_tokens=plain_token_ids(tokenizer) if c.warmstart.copy_steps else (),
+    )
+    if ckpt is not None:
+        ckpt.close()
+    stride = max(1, len(losses) // 50)
+    kept = list(losses[::stride]) + ([losses[-1]] if (len(losses) - 1) % stride else [])
+    print(f"warm start: {len(examples)} examples, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    return params, kept
+
+
+def make_optimizer_for(config: ConfigDict):
+    """RL's optimizer from the `optim` section; the cosine schedule spans an upper bound of the run's
+    optimizer steps (every episode at full length)."""
+    c, o = config, config.optim
+    rows = c.rollout.tasks_per_iter * c.rollout.group_size * c.env.max_steps
+    total = max(1, c.iterations * c.train.ppo_epochs * -(-rows // c.train.mini_batch_rows))
+    return make_optimizer(o.lr, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                          warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=total)  # fmt: skip
+
+
+def failure_memory(workdir: Path, resuming: bool) -> FailureMemory:
+    """AIW's failure memory file. Every process computes the same AIW state from the same trajectories;
+    each keeps its own file. A new run drops the records of an earlier one that never checkpointed."""
+    rank = jax.process_index()
+    memory = FailureMemory(
+        workdir / ("failure_memory.jsonl" if rank == 0 else f"failure_memory.p{rank}.jsonl")
+    )
+    if not resuming and len(memory):
+        memory.path.unlink()
+        memory = FailureMemory(memory.path)
+    return memory

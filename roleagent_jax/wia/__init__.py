@@ -1,0 +1,36 @@
+"""World-In-Agent (WIA): the policy predicts what its actions lead to; accuracy becomes a process reward.
+
+- `prompts`: what the world role is asked and how its answers parse (families build prompts with it);
+- `scoring`: the LMS similarity of predictions to the observations that followed;
+- `shaping`: return multipliers and predictor training rows;
+- `predictor`: the rollout hook that puts predictor requests on the agent's sampler calls (imported from
+  its module: it needs the sampler, which the families' prompt code does not).
+"""
+
+from roleagent_jax.wia.prompts import (
+    INLINE_STOP,
+    PREDICT_STOP,
+    build_predictor_prompt,
+    format_predictions,
+    inline_instruction,
+    parse_inline_prediction,
+    parse_predictions,
+    prediction_mask,
+)
+from roleagent_jax.wia.scoring import (
+    BACKENDS,
+    WIAStats,
+    lms_batch,
+    lms_similarity,
+    normalize_text,
+    score_batch,
+    score_trajectory_predictions,
+)
+from roleagent_jax.wia.shaping import return_multiplier, wia_multipliers, with_predictor_rows
+
+__all__ = [
+    "BACKENDS", "INLINE_STOP", "PREDICT_STOP", "WIAStats", "build_predictor_prompt", "format_predictions",
+    "inline_instruction", "lms_batch", "lms_similarity", "normalize_text", "parse_inline_prediction",
+    "parse_predictions", "prediction_mask", "return_multiplier", "score_batch", "score_trajectory_predictions",
+    "wia_multipliers", "with_predictor_rows",
+]  # fmt: skip

@@ -1,0 +1,65 @@
+"""WIA shaping: prediction accuracy multiplies the task return, and (optionally) the predictor's answers
+train with the advantage of the action they predicted."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from roleagent_jax.types import Row, Trajectory
+from roleagent_jax.wia.scoring import WIAStats, score_batch
+
+if TYPE_CHECKING:
+    from roleagent_jax.sampling import SampleResult
+
+
+def return_multiplier(r_pre: np.ndarray | float, lam: float = 1.0) -> np.ndarray:
+    """Per-row factor ``1 + λ·R_pre`` that the advantage function applies to the step return G_t."""
+    r = np.asarray(r_pre, dtype=np.float32)
+    if np.any((r < 0) | (r > 1)) or not np.all(np.isfinite(r)):
+        raise ValueError("R_pre values must lie in [0, 1]")
+    return (1.0 + np.float32(lam) * r).astype(np.float32)
+
+
+def wia_multipliers(
+    trajectories: Sequence[Trajectory],
+    predictions: Mapping[int, Mapping[int, Sequence[str | None]]],
+    rows: Sequence[Row],
+    lam: float,
+    backend: str = "rapidfuzz",
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Per-row return multipliers 1 + lam * R_pre, scored in one batched LMS call, and WIA metrics."""
+    scored = score_batch(
+        [predictions.get(t.traj_id, {}) for t in trajectories],
+        [[s.next_observation for s in t.steps] for t in trajectories],
+        backend=backend,
+    )
+    r_pre = {t.traj_id: r for t, (r, _, _) in zip(trajectories, scored, strict=True)}
+    stats = WIAStats()
+    for _, _, s in scored:
+        stats.merge(s)
+    r_pre_rows = np.array([r_pre[r.traj_id][r.step_index] for r in rows], dtype=np.float32)
+    metrics = stats.summary()
+    metrics["wia/r_pre_mean"] = float(r_pre_rows.mean()) if len(r_pre_rows) else 0.0
+    return return_multiplier(r_pre_rows, lam), metrics
+
+
+def with_predictor_rows(
+    rows: list[Row], adv: np.ndarray, samples: Sequence[tuple[int, int, list[int], SampleResult]]
+) -> tuple[list[Row], np.ndarray]:
+    """The predictor's answers as training rows, each with the advantage of the action it predicts the
+    outcome of (``wia.train_predictor``): the world role learns from the same signal as the agent."""
+    at = {(r.traj_id, r.step_index): i for i, r in enumerate(rows)}
+    extra, extra_adv = [], []
+    for traj_id, step, prompt_ids, res in samples:
+        i = at[(traj_id, step)]
+        extra.append(
+            dataclasses.replace(
+                rows[i], prompt_ids=prompt_ids, response_ids=list(res.token_ids), logprobs=list(res.logprobs)
+            )
+        )
+        extra_adv.append(adv[i])
+    return rows + extra, np.concatenate([adv, np.asarray(extra_adv, adv.dtype)])
