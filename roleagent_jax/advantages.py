@@ -337,6 +337,14 @@ def gigpo_advantages(
     return np.where(adv < 0, np.float32(negative_scale) * adv, adv).astype(np.float32)
 
 
+def anchor_keys(rows: Sequence[Row], similarity: float = 1.0) -> np.ndarray:
+    """GiGPO's step-group keys of rollout rows: their exact anchor hashes, or with `similarity` < 1
+    near-identical anchors of one task group merged (``similar_anchor_hashes``). uint64 [N]."""
+    if similarity >= 1.0:
+        return np.array([r.anchor_hash for r in rows], np.uint64)
+    return similar_anchor_hashes([r.anchor for r in rows], [r.group_id for r in rows], similarity)
+
+
 def row_advantages(
     rows: Sequence[Row],
     *,
@@ -344,22 +352,15 @@ def row_advantages(
     return_multiplier: np.ndarray | None = None,
     **settings,
 ) -> np.ndarray:
-    """``gigpo_advantages`` of rollout rows (``types.Row``). The step groups' keys are the rows' exact
-    anchor hashes, or, with ``anchor_similarity`` < 1, near-identical anchors of a task group merged
-    (``similar_anchor_hashes``). ``settings`` are the keyword settings of ``gigpo_advantages``."""
-    if anchor_similarity >= 1.0:
-        anchors = np.array([r.anchor_hash for r in rows], np.uint64)
-    else:
-        anchors = similar_anchor_hashes(
-            [r.anchor for r in rows], [r.group_id for r in rows], anchor_similarity
-        )
+    """``gigpo_advantages`` of rollout rows (``types.Row``), step groups keyed by ``anchor_keys``;
+    ``settings`` are the keyword settings of ``gigpo_advantages`` (the config's advantage section)."""
     return np.asarray(
         gigpo_advantages(
             np.array([r.reward for r in rows], np.float32),
             np.array([r.traj_id for r in rows]),
             np.array([r.group_id for r in rows]),
             np.array([r.step_index for r in rows]),
-            anchors,
+            anchor_keys(rows, anchor_similarity),
             np.array([r.valid for r in rows]),
             return_multiplier=return_multiplier,
             **settings,

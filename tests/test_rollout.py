@@ -5,9 +5,11 @@ import pytest
 
 from roleagent_jax import wia
 from roleagent_jax.envs import EnvPool, get_family
-from roleagent_jax.rollout import Predictor, RolloutSettings, Tokenize, collect, wia_multipliers
+from roleagent_jax.rollout import RolloutSettings, collect
 from roleagent_jax.sampling import SampleRequest, SampleResult
-from roleagent_jax.tokenizer import train_bpe_tokenizer
+from roleagent_jax.tokenizer import PromptEncoder, train_bpe_tokenizer
+from roleagent_jax.wia import wia_multipliers
+from roleagent_jax.wia.predictor import Predictor
 
 ALFWORLD = get_family("alfworld")
 
@@ -131,7 +133,7 @@ def test_separate_mode_shares_one_call_per_step_and_perfect_predictions_score_on
     longest = max(len(t.steps) for t in result.trajectories)
     assert model.calls == longest + 1  # the last actions' predictions need one final call
     assert model.mixed_calls == longest - 1  # every other call carries both roles together
-    mult, metrics = wia_multipliers(result, lam=1.0)
+    mult, metrics = wia_multipliers(result.trajectories, result.predictions, result.rows, lam=1.0)
     np.testing.assert_allclose(mult, 2.0)  # R_pre = 1 on every scored step
     assert metrics["wia/parse_rate"] == 1.0 and metrics["wia/lms_h1"] == 1.0
 
@@ -151,7 +153,7 @@ def test_rollout_declares_task_groups_and_caps_predictions_by_observation_length
 
 def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
     _, tok, _ = setup
-    predictor = Predictor(ALFWORLD, Tokenize(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
+    predictor = Predictor(ALFWORLD, PromptEncoder(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
     answer = tok.encode(wia.format_predictions(["You arrive at fridge 1."]), add_special_tokens=False)
     first = SampleRequest([5, 6, 7], 40, stop=(wia.PREDICT_STOP,), role="predictor", background=True)
     predictor.pending = [(3, 0, first, None)]
@@ -181,7 +183,7 @@ def test_evaluation_style_rollouts_declare_no_groups(setup):
 
 def test_wrong_predictions_score_low(setup):
     result, _ = run(setup, "separate", perfect=False)
-    mult, metrics = wia_multipliers(result, lam=1.0)
+    mult, metrics = wia_multipliers(result.trajectories, result.predictions, result.rows, lam=1.0)
     assert metrics["wia/lms_h1"] < 0.3 and np.all(mult < 1.3)
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -76,17 +75,16 @@ def assert_same_params(a, b):
 def test_warmstart_plays_its_own_games_when_asked(tmp_path):
     """own_games: the expert's games come from their own seed, none of them is an RL game."""
     from roleagent_jax.envs import get_family
-    from roleagent_jax.trainer import Trainer, make_task_pool
+    from roleagent_jax.run_setup import Experts, make_task_pool
 
     c = tiny_config(tmp_path, 0)
     c.env.gen.n_train, c.warmstart.n_games = 3, 2
     family = get_family("alfworld")
     train = make_task_pool(c, family, "gen_seen", tmp_path, "train")
-    holder = SimpleNamespace(config=c, train_pool=train, workdir=tmp_path, family=family)
     c.warmstart.own_games = False
-    assert Trainer._warmstart_pool(holder).tasks == train.tasks[:2]
+    assert Experts(c, family, train, tmp_path).pool().tasks == train.tasks[:2]
     c.warmstart.own_games = True
-    own = Trainer._warmstart_pool(holder)
+    own = Experts(c, family, train, tmp_path).pool()
 
     def games(pool):  # the game itself, without its file name (which carries seed and index)
         return {re.sub(r"gen\d+_seen_\d+", "", Path(t.payload).read_text()) for t in pool.tasks}
@@ -99,7 +97,8 @@ def test_warmstart_plays_its_own_games_when_asked(tmp_path):
 def test_each_setup_phase_and_evaluation_prints_a_progress_line(tmp_path, capsys):
     """Game generation, expert play, the tokenizer and evaluations each say what they are doing, and
     nothing when log.progress is off."""
-    from roleagent_jax.trainer import Trainer, say
+    from roleagent_jax.run_setup import say
+    from roleagent_jax.trainer import Trainer
 
     c = tiny_config(tmp_path / "run", 0)
     c.log.progress = True
@@ -146,9 +145,9 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
 
     evaluated_at = []
 
-    def stamp(self, split, params=None, limit=0):  # the evaluation names the iteration it saw
+    def stamp(self, split, limit=0):  # the evaluation names the iteration it saw
         evaluated_at.append(int(self.host["iteration"]))
-        return {"pick_and_place_simple": 0.0, "all": float(self.host["iteration"])}
+        return {"per_type": {"pick_and_place_simple": 0.0}, "success": float(self.host["iteration"])}
 
     monkeypatch.setattr(Trainer, "evaluate", stamp)
 
@@ -158,7 +157,7 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
         c.checkpoint.every = 2  # the last save then comes after the evaluation and stores it
         trainer = Trainer(c)
         try:
-            return trainer.run()["eval"]["after"]["gen_seen"]["all"]
+            return trainer.run()["eval"]["after"]["gen_seen"]["success"]
         finally:
             trainer.close()
 
@@ -183,17 +182,17 @@ def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
         trainer.warm_start()
         params0 = jax.device_get(trainer.state.params)
         batches, passes = [], []
-        step, logprob_fn = trainer.train_step, trainer.logprob_fn
+        step, logprobs = trainer.train_step, trainer.backend.logprobs
 
-        def spy_step(state, batch):
+        def spy_step(state, batch, frozen=None):
             batches.append(jax.device_get(batch))
-            return step(state, batch)
+            return step(state, batch, frozen)
 
-        def spy_logprobs(params, batch):
+        def spy_logprobs(batch, params=None):
             passes.append(params)
-            return logprob_fn(params, batch)
+            return logprobs(batch, params)
 
-        trainer.train_step, trainer.logprob_fn = spy_step, spy_logprobs
+        trainer.train_step, trainer.backend.logprobs = spy_step, spy_logprobs
         trainer.iteration(0)
         assert c.train.ppo_epochs == 1  # so one log-prob chunk per mini-batch means: the reference only
         assert batches and len(passes) == len(batches)
@@ -201,7 +200,7 @@ def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
             mask = batch["loss_mask"] > 0
             assert mask.any()
             model_batch = {k: batch[k] for k in (*MODEL_KEYS, "loss_mask")}
-            recomputed = np.asarray(logprob_fn(params0, model_batch))
+            recomputed = logprobs(model_batch, params0)
             np.testing.assert_allclose(batch["old_logprobs"][mask], recomputed[mask], atol=2e-4)
     finally:
         trainer.close()
@@ -328,17 +327,11 @@ def test_killed_run_resumes_exactly(tmp_path):
 def test_anchor_similarity_config_merges_near_identical_step_groups():
     """advantage.anchor_similarity=1 keys step groups by exact anchors; below 1 near-identical anchors
     of one task group share a key (the reference's optional similarity clustering)."""
-    from ml_collections import ConfigDict
-
-    from roleagent_jax.advantages import hash_anchor
-    from roleagent_jax.rollout import Row
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.advantages import anchor_keys, hash_anchor
+    from roleagent_jax.types import Row
 
     texts = ["You arrive at drawer 1.", "You arrive at drawer 1!", "You arrive at drawer 1.", "x"]
     rows = [Row([], [], [], i, 0, 0, 0, hash_anchor(t), 0.0, True, False, t) for i, t in enumerate(texts)]
-    holder = SimpleNamespace(config=ConfigDict({"advantage": {"anchor_similarity": 1.0}}))
-    exact = Trainer._anchor_hashes(holder, rows)
-    assert exact.tolist() == [hash_anchor(t) for t in texts]
-    holder.config.advantage.anchor_similarity = 0.9
-    merged = Trainer._anchor_hashes(holder, rows)
+    assert anchor_keys(rows, 1.0).tolist() == [hash_anchor(t) for t in texts]
+    merged = anchor_keys(rows, 0.9)
     assert merged[0] == merged[1] == merged[2] != merged[3]
