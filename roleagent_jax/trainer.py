@@ -47,6 +47,8 @@ from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 class Trainer:
     """Owns the model, environments, optimizer state and AIW state of one run in `config.workdir`."""
 
+    experts_type = setup.Experts  # who plays the warm start's games (a subclass may bring its own)
+
     def __init__(self, config: ConfigDict):
         distributed.initialize()
         self.config = c = apply_algo(validate(config))
@@ -60,7 +62,7 @@ class Trainer:
         self.settings = setup.rollout_settings(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
         self.envs = setup.env_pool(c, self.family, self.train_pool)
-        self.experts = setup.Experts(c, self.family, self.train_pool, self.workdir)
+        self.experts = self.experts_type(c, self.family, self.train_pool, self.workdir)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
         # No reference to the model is kept: its arrays live on as the state (or base) below only.

@@ -17,6 +17,7 @@ from typing import Any
 from keyfamily import KeyNote
 
 from roleagent_jax.envs import Family, TaskPool, register, unregister
+from roleagent_jax.run_setup import Experts
 from roleagent_jax.trainer import Trainer
 from roleagent_jax.warmstart import Example
 
@@ -45,12 +46,18 @@ def random_examples(
     return out
 
 
-class RandomWarmStartTrainer(Trainer):
-    """The real trainer, with the warm start's examples drawn from random play instead of the expert."""
+class RandomPlay(Experts):
+    """The warm start's examples drawn from random play instead of the expert."""
 
-    def _examples(self) -> list[Example]:
+    def examples(self) -> list[Example]:
         c = self.config
-        return random_examples(self.family, self._warmstart_pool(), c.env.max_steps, c.env.history_k, c.seed)
+        return random_examples(self.family, self.pool(), c.env.max_steps, c.env.history_k, c.seed)
+
+
+class RandomWarmStartTrainer(Trainer):
+    """The real trainer, warm-started on random play."""
+
+    experts_type = RandomPlay
 
 
 def learning_config(workdir: str | Path):

@@ -113,8 +113,8 @@ def install(phase: str, at: int) -> None:
             if it + 1 == at:
                 train_step = self.train_step
 
-                def step_then_kill(state, batch):
-                    out = jax.block_until_ready(train_step(state, batch))
+                def step_then_kill(state, batch, frozen=None):
+                    out = jax.block_until_ready(train_step(state, batch, frozen))
                     settle()
                     kill(f"in the update of iteration {at} after its first optimizer step")
                     return out
