@@ -13,10 +13,7 @@ def get_config():
     c.algo = "roleagent"
     c.workdir = "runs/alfworld"
     c.iterations = 150
-    c.model.path = os.environ.get("ROLEAGENT_MODEL", "")
-    c.model.required = True  # never the small random model
-    c.model.dtype = "bfloat16"
-    c.model.remat = True
+    base.paper_model(c)
     c.env.data_dir = os.environ.get("ALFWORLD_DATA", "")
     c.env.data_required = True
     c.env.train_split = "train"

@@ -26,14 +26,7 @@ def get_config():
     c.workdir = "runs/demo"
     c.iterations = 6  # sized for 15 minutes; where RL gained on held-out games, it did within 2
 
-    c.model.path = ""
-    c.model.init.hidden_size = 128
-    c.model.init.intermediate_size = 384
-    c.model.init.num_hidden_layers = 3
-    c.model.init.num_attention_heads = 4
-    c.model.init.num_key_value_heads = 2
-    c.model.init.max_position_embeddings = 1024
-    c.tokenizer.train_vocab_size = 1024
+    base.tiny_model(c)
 
     c.env.train_split = "gen_seen"
     c.env.eval_splits = ("gen_seen", "gen_unseen")

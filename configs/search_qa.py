@@ -26,10 +26,7 @@ def get_config():
     c.algo = "roleagent"
     c.workdir = "runs/search_qa"
     c.iterations = 660  # ~169k NQ + HotpotQA training questions / 256 per iteration: one epoch
-    c.model.path = os.environ.get("ROLEAGENT_MODEL", "")
-    c.model.required = True  # never the small random model
-    c.model.dtype = "bfloat16"
-    c.model.remat = True
+    base.paper_model(c)
 
     c.env.name = "search_qa"
     c.env.data_dir = os.environ.get("SEARCH_QA_DATA", "")  # FlashRAG's dataset folder

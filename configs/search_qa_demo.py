@@ -22,14 +22,7 @@ def get_config():
     c.workdir = "runs/search_qa_demo"
     c.iterations = 10
 
-    c.model.path = ""
-    c.model.init.hidden_size = 128
-    c.model.init.intermediate_size = 384
-    c.model.init.num_hidden_layers = 3
-    c.model.init.num_attention_heads = 4
-    c.model.init.num_key_value_heads = 2
-    c.model.init.max_position_embeddings = 1024
-    c.tokenizer.train_vocab_size = 1024
+    base.tiny_model(c)
 
     c.env.name = "search_qa"
     c.env.train_split = "gen_train"

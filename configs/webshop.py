@@ -24,8 +24,6 @@ def get_config():
     c.env.eval_splits = ("test",)
     c.env.max_steps = 15
     c.env.history_k = 2
-    del c.env["alfworld"]
-    c.env.webshop = {"n_products": 1000}  # WebShop's own option, for generated shops (gen_* splits)
     c.rollout.tasks_per_iter = 16
     c.rollout.group_size = 8
     c.rollout.max_prompt_tokens = 4096  # results pages are long (verl-agent's WebShop runs use 4096)

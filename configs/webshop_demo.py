@@ -25,7 +25,6 @@ def get_config():
     c.iterations = 4
 
     c.env.name = "webshop"
-    del c.env["alfworld"]
     # 150 products (6 a family), 4 instructions each, split as WebShop splits its goals: most held-out
     # goals (gen_test) ask for other attributes, options and prices on products seen in training, as in
     # WebShop's own test split; gen_unseen asks for families never trained on. 5 results a page (WebShop:
@@ -34,16 +33,16 @@ def get_config():
     # warm start writes no reasoning, so a valid action is an available one; the plain index (every
     # bullet point, no stemming) is the one the demo was measured on. The paper's choices are the
     # family's defaults (reference prompt, format rule, Lucene-like index).
-    c.env.webshop = {
-        "n_products": 150,
-        "page_size": 5,
-        "goals_per_product": 4,
-        "shop_seed": 0,
-        "search_index": "plain",
-        "prompt": "compact",
-        "valid": "available",
-        "history_chars": 160,
-    }
+    c.env.webshop.update(
+        n_products=150,
+        page_size=5,
+        goals_per_product=4,
+        shop_seed=0,
+        search_index="plain",
+        prompt="compact",
+        valid="available",
+        history_chars=160,
+    )
     c.env.train_split = "gen_train"
     c.env.eval_splits = ("gen_test",)
     c.env.max_steps = 8  # the paper: 15; the expert buys in 4-5 steps, and failed episodes run to the limit

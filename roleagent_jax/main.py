@@ -4,7 +4,8 @@
     python -m roleagent_jax.main --config=configs/alfworld.py --config.model.path=/ckpt/Qwen2.5-1.5B-Instruct \\
         --config.algo=gigpo --config.rollout.group_size=8
 
-Any config value can be overridden with --config.<key>=<value>; see configs/base.py for every key.
+Any config value can be overridden with --config.<key>=<value>. Every key, with its default, its
+check and its meaning: python -m roleagent_jax.config (declared in roleagent_jax/config/keys.py).
 A run resumes from its last checkpoint in --config.workdir when one exists.
 
 A mistake on the command line or in the files it names (an unknown key, a value out of range, a missing
@@ -22,8 +23,12 @@ Common settings (--config.<key>=<value>):
   checkpoint.resume, checkpoint.overwrite      continue a run, or move an earlier one aside
   log.progress                       progress bars (False: plain lines, for log files)
 
-Documentation: README.md (quick start, configuration, real runs), configs/base.py (every key with its
-meaning and default), docs/ (experiments.md, scaling.md, adding-an-environment.md).
+Sections: model, lora, tokenizer, mesh, env (env.<family>: the family's own options), rollout,
+advantage, loss, optim, train, wia, aiw, warmstart, eval, checkpoint, log.
+
+Documentation: README.md (quick start, configuration, real runs), python -m roleagent_jax.config (every
+key with its meaning and default; configs/base.py builds them), docs/ (experiments.md, scaling.md,
+adding-an-environment.md).
 """
 
 from __future__ import annotations
@@ -80,7 +85,9 @@ def _config_error(err: Exception, argv: list[str]) -> NoReturn:
     if isinstance(err, AttributeError | KeyError):  # ml_collections: a key the config does not have
         name = str(err).strip("\"'")
         arg = next((a for a in argv if a.startswith("--config.") and name in a), name)
-        _fail(f"{arg.split('=')[0]}: no such key in {config_file} (configs/base.py lists every key)")
+        _fail(
+            f"{arg.split('=')[0]}: no such key in {config_file} (python -m roleagent_jax.config lists every key)"
+        )
     _fail(f"--config={config_file}: cannot load the config file ({_last_line(err)})")
 
 

@@ -30,3 +30,26 @@ def alfworld_data() -> Path:
             "real ALFWorld games not found: set $ALFWORLD_DATA or place them in ../shared/data/alfworld"
         )
     return path
+
+
+def load_config(name: str):
+    """configs/<name>.py's config, imported as the package it is (as the command line loads it)."""
+    import importlib
+
+    return importlib.import_module(f"configs.{name}").get_config()
+
+
+def shrunk(config, workdir: Path, iterations: int = 1):
+    """`config` sized to run through the Trainer in seconds: a 1-layer model, a small tokenizer, 2 tasks
+    x 2 rollouts, 2 warm-start steps; everything else (family, protocol, algorithm) as configured."""
+    c = config
+    c.workdir, c.iterations = str(workdir), iterations
+    c.model.init.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    c.model.init.update(num_attention_heads=2, num_key_value_heads=1)
+    c.tokenizer.train_vocab_size = 400
+    c.rollout.tasks_per_iter, c.rollout.group_size, c.rollout.max_response_tokens = 2, 2, 8
+    c.wia.max_tokens = 8
+    c.warmstart.steps, c.warmstart.batch_rows = 2, 4
+    c.train.mini_batch_rows, c.train.micro_batch_rows = 8, 4
+    c.log.progress = c.log.tensorboard = False
+    return c

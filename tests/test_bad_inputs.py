@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,11 +74,9 @@ def test_overwrite_moves_the_earlier_run_aside(tmp_path):
 
 
 def test_overwrite_needs_resume_off():
-    from test_config import load
-
     from roleagent_jax.config import validate
 
-    c = load("base")
+    c = base_config()
     c.checkpoint.overwrite = True
     with pytest.raises(ValueError, match=r"overwrite=True .* needs --config.checkpoint.resume=False"):
         validate(c)
@@ -252,9 +251,7 @@ def test_metrics_are_truncated_to_the_restored_step(tmp_path):
 
 
 def base_config():
-    from test_config import load
-
-    return load("base")
+    return load_config("base")
 
 
 @pytest.mark.parametrize(
@@ -370,6 +367,33 @@ def test_cli_names_a_tilde_path_expanded(tmp_path):
         "--config=configs/demo.py", f"--config.workdir={tmp_path}", "--config.model.path=~/no_model_here"
     )
     assert_one_line_error(out, f"--config.model.path='{home / 'no_model_here'}': directory not found")
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (("--config=configs/webshop_demo.py", "--config.env.webshop.page_size=0"), ("--config.env.webshop",)),
+        (("--config=configs/demo.py", "--config.env.alfworld.num_receptacles=1"), ("--config.env.alfworld",)),
+        (("--config=configs/demo.py", "--config.env.alfworld.num_receptacles=x"), ("num_receptacles=x",)),
+        (("--config=configs/demo.py", "--config.rollout.group_size=1"), ("--config.rollout.group_size=1",)),
+        (("--config=configs/demo.py", "--config.algo=grpo", "--config.rollout.group_size=1"), ("cannot learn",)),
+        (("--config=configs/demo.py", "--config.mesh.data=3"), ("--config.mesh", "devices")),
+        (("--config=configs/demo.py", "--config.wia.fraction=0"), ("--config.wia.fraction=0.0",)),
+        (
+            ("--config=configs/demo.py", "--config.warmstart.own_games=True", "--config.env.train_split=train"),
+            ("--config.warmstart.own_games=True", "real data"),
+        ),
+        (("--config=configs/demo.py", "--config.train.micro_batch_rows=48"), ("micro_batch_rows=48",)),
+    ],
+    ids=["page-size", "rooms", "rooms-not-int", "group-1", "grpo-group-1", "mesh", "wia-fraction", "own-games",
+         "micro-batch"],
+)  # fmt: skip
+def test_cli_refusal_is_one_line_and_leaves_no_workdir(tmp_path, args, needles):
+    """Every start-up refusal comes before the workdir is made: nothing generated, nothing to clean up."""
+    workdir = tmp_path / "run"
+    out = run_main(*args, f"--config.workdir={workdir}", timeout=120)
+    assert_one_line_error(out, *needles)
+    assert not workdir.exists() or not any(workdir.iterdir())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -691,21 +715,40 @@ def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, n
 
 
 @pytest.mark.parametrize(
-    "module,flags",
+    "module,needles",
     [
-        ("roleagent_jax.main", ("--config", "workdir", "model.path", "env.eval_splits", "log.progress")),
-        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint")),
-        ("roleagent_jax.plan", ("--config", "--mesh", "--model", "--micro-batch-rows")),
+        (
+            "roleagent_jax.main",
+            (
+                "--config",
+                "workdir",
+                "model.path",
+                "env.eval_splits",
+                "log.progress",
+                "python -m roleagent_jax.config",
+            ),
+        ),
+        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint", "configs/base.py")),
+        ("roleagent_jax.plan", ("--config", "--mesh", "--model", "--micro-batch-rows", "configs/base.py")),
     ],
 )
-def test_help_names_the_common_flags_and_points_to_the_docs(module, flags):
+def test_help_names_the_common_flags_and_points_to_the_docs(module, needles):
     out = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
     text = " ".join(out.stdout.split())
-    for needle in (*flags, "README.md", "configs/base.py", "docs/"):
+    for needle in (*needles, "README.md", "docs/"):
         assert needle in text, (module, needle)
+
+
+def test_every_key_is_listed_with_its_default_and_check():
+    out = subprocess.run(
+        [sys.executable, "-m", "roleagent_jax.config"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "rollout.group_size = 8  [>= 2]  rollouts per task (G)" in out.stdout
+    assert "env.alfworld: num_receptacles=(4, 6), num_objects=(2, 4)" in out.stdout
 
 
 # ----------------------------------------------------------------------------------------------------

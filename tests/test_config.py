@@ -1,20 +1,13 @@
 """Config files load, validate, and reject bad values with a message naming the key."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_config as load
 
 from roleagent_jax.config import apply_algo, validate
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", ["base", "alfworld", "demo"])
@@ -69,3 +62,94 @@ def test_algo_presets():
     c.algo = "roleagent"
     r = apply_algo(c)
     assert r.advantage.step_level and r.wia.mode == "separate" and r.aiw.enabled
+
+
+def test_each_familys_options_are_its_own_defaults():
+    """The trainer and the standalone evaluator (which reads the family) generate the same rooms."""
+    from roleagent_jax.config import family_options
+    from roleagent_jax.envs import get_family, registered
+
+    c = load("base")
+    for name in registered():
+        family = get_family(name)
+        assert family_options(c, family) == dict(family.gen_options), name
+    assert family_options(c, get_family("alfworld"))["num_receptacles"] == (4, 6)
+
+
+def test_a_room_size_takes_an_int_or_a_range_in_a_config_file():
+    from roleagent_jax.config import family_options
+    from roleagent_jax.envs import get_family
+
+    c = load("base")
+    c.env.alfworld.num_receptacles = 5
+    c.env.alfworld.num_objects = (1, 3)
+    options = family_options(validate(c), get_family("alfworld"))
+    assert (options["num_receptacles"], options["num_objects"]) == (5, (1, 3))
+    c.env.alfworld.num_objects = "many"
+    with pytest.raises(
+        ValueError, match=r"--config.env.alfworld.num_objects='many': must be an int or a pair"
+    ):
+        validate(c)
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "key", "expected"),
+    [
+        ("base", "--config.env.alfworld.num_receptacles=6", "env.alfworld.num_receptacles", 6),
+        ("base", "--config.env.alfworld.num_receptacles=3,5", "env.alfworld.num_receptacles", (3, 5)),
+        ("demo", "--config.env.alfworld.num_receptacles=6", "env.alfworld.num_receptacles", 6),
+        ("base", "--config.env.eval_splits=gen_seen", "env.eval_splits", ("gen_seen",)),
+        ("base", "--config.lora.targets=('q','v')", "lora.targets", ("q", "v")),
+        ("webshop_demo", "--config.env.webshop.protocol=webshop", "env.webshop.protocol", "webshop"),
+        ("base", "--config.rollout.group_size=4", "rollout.group_size", 4),
+    ],
+)
+def test_command_line_overrides(name, override, key, expected, monkeypatch):
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["main", f"--config={REPO / 'configs' / f'{name}.py'}", override]
+    monkeypatch.setattr("sys.argv", argv)  # ml_collections defines the override flags it finds there
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True)
+    values(argv)
+    node = holder.value
+    for part in key.split("."):
+        node = node[part]
+    assert node == expected and isinstance(node, type(expected))
+
+
+def test_group_relative_algorithms_need_two_rollouts_per_task():
+    c = load("demo")
+    for algo in ("grpo", "gigpo", "wia", "aiw", "roleagent"):
+        c.algo, c.rollout.group_size = algo, 1
+        with pytest.raises(ValueError, match=r"--config.rollout.group_size=1: must be >= 2 .* cannot learn"):
+            validate(c)
+
+
+def test_the_mesh_must_fit_the_devices():
+    c = load("demo")
+    c.mesh.data, c.mesh.fsdp = 3, 1
+    with pytest.raises(ValueError, match=r"--config.mesh: mesh data=3 x fsdp=1 x tensor=1 needs 3 devices"):
+        validate(c)
+
+
+def test_wia_with_no_predicted_step_is_refused_unless_wia_is_off():
+    c = load("demo")
+    c.wia.fraction = 0.0
+    with pytest.raises(ValueError, match=r"--config.wia.fraction=0.0: WIA predicts no step"):
+        validate(c)
+    c.algo = "gigpo"  # no WIA: the share is not read
+    validate(c)
+
+
+def test_every_declared_key_is_in_the_built_config_once():
+    from roleagent_jax.config import CONFIG
+
+    c = load("base")
+    names = [dotted for dotted, _ in CONFIG.keys()]
+    assert len(names) == len(set(names))
+    for dotted in names:
+        node = c
+        for part in dotted.split("."):
+            node = node[part]

@@ -5,7 +5,6 @@ ALFWorld games, the 8-device CPU mesh with fsdp > 1, WIA separate with horizon 2
 and as retrieval chooser, KL on, 2 iterations at the paper's lr 1e-6, and a resume.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Text the tiny tokenizer is trained on: ALFWorld's kind of observations, actions and analyses.
@@ -28,10 +28,7 @@ TEXTS = [
 
 
 def paper_config():
-    spec = importlib.util.spec_from_file_location("paper_alfworld", ROOT / "configs" / "alfworld.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return load_config("alfworld")
 
 
 def write_tiny_checkpoint(directory: Path) -> None:

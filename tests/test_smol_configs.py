@@ -3,10 +3,10 @@
 Skips with the reason when ``python -m roleagent_jax.models.smollm2`` has not cached the model.
 """
 
-import importlib
 from pathlib import Path
 
 import pytest
+from conftest import load_config as load
 
 from roleagent_jax.config import validate
 from roleagent_jax.models import smollm2
@@ -16,10 +16,6 @@ pytestmark = pytest.mark.skipif(
     smollm2.cached() is None,
     reason="SmolLM2-135M-Instruct is not cached: run python -m roleagent_jax.models.smollm2",
 )
-
-
-def load(name: str):
-    return importlib.import_module(f"configs.{name}").get_config()
 
 
 @pytest.mark.parametrize(("name", "family"), [("webshop_smol", "webshop"), ("search_qa_smol", "search_qa")])

@@ -1,0 +1,199 @@
+"""Config checks and algorithm presets, applied once at start so a bad value fails before any work:
+each key's own check (declared with it in `keys.py`), then checks across keys and of the files named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ml_collections import ConfigDict
+
+from roleagent_jax.config.keys import CONFIG
+from roleagent_jax.config.schema import FamilyOptions
+from roleagent_jax.envs.base import get_family, registered
+
+# Paths a user may write as ~/...: the shell does not expand ~ after --flag=.
+PATH_KEYS = ("workdir", "model.path", "tokenizer.path", "env.data_dir", "env.gen.dir")
+
+
+def _get(config: ConfigDict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def expand_paths(config: ConfigDict) -> ConfigDict:
+    """A copy of the config with ``~`` expanded in every path key."""
+    config = ConfigDict(config.to_dict())
+    for key in PATH_KEYS:
+        parent, _, name = key.rpartition(".")
+        node = _get(config, parent) if parent else config
+        if node[name]:
+            node[name] = str(Path(node[name]).expanduser())
+    return config
+
+
+def _split_errors(config: ConfigDict, family) -> list[str]:
+    """Split names the family does not know, named with the ones it does (before the warm start)."""
+    known = family.known_splits()
+    if known is None:
+        return []
+    errors = []
+    hint = f"{family.name} knows {', '.join(known)}"
+    if config.env.train_split not in known:
+        errors.append(f"--config.env.train_split={config.env.train_split!r}: {hint}")
+    splits = config.env.eval_splits
+    for split in (splits,) if isinstance(splits, str) else splits:
+        if split not in known:
+            errors.append(f"--config.env.eval_splits: unknown split {split!r}; {hint}")
+    return errors
+
+
+def startup_errors(config: ConfigDict) -> list[str]:
+    """Checks across keys, of the model's shape, of the device mesh and of the model directory's files
+    (headers only), so a run fails before its workdir is made and before any game is played."""
+    errors = []
+    if config.env.name not in registered():
+        errors.append(f"--config.env.name={config.env.name!r}: must be one of {', '.join(registered())}")
+    else:
+        family = get_family(config.env.name)
+        errors += FamilyOptions.errors(config, family)
+        errors += _split_errors(config, family)
+        errors += _warmstart_errors(config, family)
+        if config.env.data_required:
+            errors += _data_errors(config)
+    if config.checkpoint.overwrite and config.checkpoint.resume:
+        errors.append(
+            "--config.checkpoint.overwrite=True moves an earlier run aside and starts afresh: it needs "
+            "--config.checkpoint.resume=False"
+        )
+    if config.model.required and not config.model.path:
+        errors.append(
+            "--config.model.path is empty: this config trains a pretrained model; set it to a Hugging Face "
+            "Qwen2 directory (or $ROLEAGENT_MODEL)"
+        )
+    if config.wia.fraction == 0 and config.wia.mode != "off" and config.algo in ("wia", "roleagent"):
+        errors.append(
+            f"--config.wia.fraction=0.0: WIA predicts no step, so algo={config.algo} would run without it; "
+            "set a share > 0, or --config.algo=gigpo (aiw) for the run without WIA"
+        )
+    errors += _mesh_errors(config)
+    errors += _model_errors(config)
+    return errors
+
+
+def _warmstart_errors(config: ConfigDict, family) -> list[str]:
+    """Warm-start settings that would fail or do nothing only once the warm start begins."""
+    ws, errors = config.warmstart, []
+    needs_expert = ws.steps > 0 or not (config.model.path or config.tokenizer.path)
+    if needs_expert and not family.has_expert:
+        what = (
+            "--config.warmstart.steps > 0" if ws.steps > 0 else "a random model's tokenizer (no model.path)"
+        )
+        errors.append(f"--config.env.name={family.name!r} has no expert to play, which {what} needs")
+    if ws.own_games and ws.n_games < 1:
+        errors.append(
+            "--config.warmstart.own_games=True needs --config.warmstart.n_games >= 1 (games to play)"
+        )
+    if ws.own_games and config.env.train_split not in family.generated_splits:
+        errors.append(
+            f"--config.warmstart.own_games=True: the warm start draws its own games from a generated split "
+            f"only; env.train_split={config.env.train_split!r} is real data"
+        )
+    return errors
+
+
+def _mesh_errors(config: ConfigDict) -> list[str]:
+    """The mesh's axis sizes, and that they fit the devices there are (as the trainer will build it)."""
+    sizes = {axis: config.mesh[axis] for axis in ("data", "fsdp", "tensor")}
+    errors = [
+        f"--config.mesh.{axis}={size}: must be a positive size or -1 (fill the rest)"
+        for axis, size in sizes.items()
+        if size == 0 or size < -1
+    ]
+    if errors:
+        return errors
+    from roleagent_jax.sharding import make_mesh
+
+    try:
+        make_mesh(**sizes)
+    except ValueError as err:
+        return [f"--config.mesh: {err}"]
+    return []
+
+
+def _model_errors(config: ConfigDict) -> list[str]:
+    """The model and tokenizer directories (headers only), LoRA, and a random model's shape."""
+    errors = []
+    if config.model.path and not Path(config.model.path).is_dir():
+        errors.append(f"--config.model.path={config.model.path!r}: directory not found")
+    if config.tokenizer.path and not Path(config.tokenizer.path).is_dir():
+        errors.append(f"--config.tokenizer.path={config.tokenizer.path!r}: directory not found")
+    if config.model.path and Path(config.model.path).is_dir():
+        from roleagent_jax.models.hf_io import check_pretrained
+
+        try:
+            check_pretrained(config.model.path)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.model.path={config.model.path!r}: {err}")
+    tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
+    tokenizer_dir = config.tokenizer.path or config.model.path
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        from roleagent_jax.tokenizer import check_tokenizer_dir
+
+        try:
+            check_tokenizer_dir(tokenizer_dir)
+        except (ValueError, FileNotFoundError) as err:
+            errors.append(f"--config.{tokenizer_key}={tokenizer_dir!r}: {err}")
+    from roleagent_jax.models.lora import LoRAConfig
+
+    try:
+        LoRAConfig(**config.lora.to_dict())
+    except (ValueError, TypeError) as err:
+        errors.append(f"--config.{err}")
+    if not config.model.path:
+        from roleagent_jax.models import Qwen2Config
+
+        init = dict(config.model.init.to_dict(), vocab_size=1, model_type="qwen2")
+        try:
+            Qwen2Config.from_hf(init, param_dtype=config.model.param_dtype, dtype=config.model.dtype)
+        except (ValueError, TypeError) as err:
+            errors.append(f"--config.model.init: {err}")
+    return errors
+
+
+def _data_errors(config: ConfigDict) -> list[str]:
+    """The real (not generated) splits the run reads, each looked up without loading a game."""
+    family = get_family(config.env.name)
+    splits = [config.env.train_split, *config.env.eval_splits]
+    for split in dict.fromkeys(s for s in splits if s not in family.generated_splits):
+        try:
+            family.check_data(split, config.env.data_dir or None)
+        except FileNotFoundError as err:
+            return [f"--config.env.data_dir={config.env.data_dir!r}: {' '.join(str(err).split())}"]
+    return []
+
+
+def validate(config: ConfigDict) -> ConfigDict:
+    """Raise ValueError naming the key, the bad value and what is allowed; return the config (with
+    ``~`` expanded in its paths)."""
+    config = expand_paths(config)
+    errors = startup_errors(config) + CONFIG.errors(config)
+    mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
+    if micro >= 1 and mini % micro:
+        errors.append(f"--config.train.mini_batch_rows={mini} must be a multiple of micro_batch_rows={micro}")
+    if errors:
+        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+    return config
+
+
+def apply_algo(config: ConfigDict) -> ConfigDict:
+    """GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW. The
+    paper's ablations: ``wia`` = GiGPO + WIA, ``aiw`` = GiGPO + AIW."""
+    config = ConfigDict(config.to_dict())
+    config.advantage.step_level = config.algo != "grpo"
+    if config.algo in ("grpo", "gigpo", "aiw"):
+        config.wia.mode = "off"
+    if config.algo in ("grpo", "gigpo", "wia"):
+        config.aiw.enabled = False
+    return config
