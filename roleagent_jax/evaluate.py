@@ -219,7 +219,7 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         description="Play every task of a split once and print success per task type (last line: JSON).",
         epilog="Common use: --split and --data (real data) or --gen-n (generated games), --policy or "
         "--checkpoint, --limit, --num-workers. "
-        "Documentation: README.md (quick start, real runs), configs/base.py (the trainer's keys), "
+        "Documentation: README.md (quick start, real runs), python -m roleagent_jax.config (the trainer's keys), "
         "docs/ (experiments.md, scaling.md, adding-an-environment.md).",
     )
     p.add_argument("--env", default=DEFAULT_ENV, help=f"environment family ({', '.join(registered())})")

@@ -173,9 +173,9 @@ def test_resumed_runs_store_the_final_evaluation_and_log_each_step_once(tmp_path
 
     evaluated_at = []
 
-    def stamp(self, split, params=None, limit=0):
+    def stamp(self, split, limit=0):
         evaluated_at.append(int(self.host["iteration"]))
-        return {"all": float(self.host["iteration"])}
+        return {"per_type": {}, "success": float(self.host["iteration"])}
 
     monkeypatch.setattr(Trainer, "evaluate", stamp)
 
@@ -184,7 +184,7 @@ def test_resumed_runs_store_the_final_evaluation_and_log_each_step_once(tmp_path
         c.env.eval_splits, c.eval.before, c.checkpoint.every = ("gen_seen",), False, 1
         trainer = Trainer(c)
         try:
-            return trainer.run()["eval"]["after"]["gen_seen"]["all"]
+            return trainer.run()["eval"]["after"]["gen_seen"]["success"]
         finally:
             trainer.close()
 
@@ -728,7 +728,7 @@ def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, n
                 "python -m roleagent_jax.config",
             ),
         ),
-        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint", "configs/base.py")),
+        ("roleagent_jax.evaluate", ("--split", "--data", "--limit", "--checkpoint", "roleagent_jax.config")),
         ("roleagent_jax.plan", ("--config", "--mesh", "--model", "--micro-batch-rows", "configs/base.py")),
     ],
 )

@@ -127,7 +127,7 @@ def test_registered_family_trains_and_evaluates_through_the_generic_code(findkey
     assert set(trainer.logger.history[0]) >= {"train/success/all", "aiw/fail/wandering", "wia/lms_h1"}
     for when in ("before", "after"):
         result = summary["eval"][when]["gen"]
-        assert set(result) <= {"key_near", "key_far", "all"} and 0.0 <= result["all"] <= 1.0
+        assert set(result["per_type"]) <= {"key_near", "key_far"} and 0.0 <= result["success"] <= 1.0
     out = evaluate.main(["--env=findkey", "--split=gen", "--gen-n=5", "--num-workers=1", "--quiet"])
     assert out["n"] == 5 and out["success"] == 1.0 and out["invalid_rate"] == 0.0
     random_ = evaluate.main(["--env=findkey", "--policy=random", "--split=gen", "--gen-n=5", "--quiet"])

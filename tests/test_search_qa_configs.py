@@ -60,7 +60,8 @@ def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
         trainer.close()
     assert set(summary["eval"]) == {"before", "after"}
     after = summary["eval"]["after"]["gen_test"]
-    assert set(after) <= {"single_hop", "bridge", "comparison", "all"} and 0.0 <= after["all"] <= 1.0
+    assert set(after["per_type"]) <= {"single_hop", "bridge", "comparison"} and 0.0 <= after["success"] <= 1.0
+    assert after["score_name"] == "em" and 0.0 <= after["em"] <= 1.0 and after["em_se"] >= 0.0
     assert Path(summary["report"]).exists()
     final = Path(summary["final_model"])
     assert (final / "model.safetensors").exists()

@@ -1,6 +1,5 @@
 """The training loop end to end on generated games: exact resume, a killed run, the CLI and the demo."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,41 +12,18 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import load_config, shrunk
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(workdir: Path, iterations: int):
-    spec = importlib.util.spec_from_file_location("demo", ROOT / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    c.workdir = str(workdir)
-    c.iterations = iterations
-    c.model.init.hidden_size = 32
-    c.model.init.intermediate_size = 64
-    c.model.init.num_hidden_layers = 1
-    c.model.init.num_attention_heads = 2
-    c.model.init.num_key_value_heads = 1
-    c.tokenizer.train_vocab_size = 400
-    c.env.gen.n_train = 4
-    c.env.alfworld.num_receptacles = 4
-    c.env.alfworld.num_objects = 2
-    c.env.max_steps = 3
-    c.env.eval_splits = ()
-    c.rollout.tasks_per_iter = 2
-    c.rollout.group_size = 2
-    c.rollout.max_response_tokens = 8
-    c.wia.max_tokens = 8
-    c.warmstart.steps = 2
-    c.warmstart.batch_rows = 4
+    c = shrunk(load_config("demo"), workdir, iterations)
+    c.env.gen.n_train, c.env.max_steps, c.env.eval_splits = 4, 3, ()
+    c.env.alfworld.num_receptacles, c.env.alfworld.num_objects = 4, 2
     c.warmstart.n_games = 4
-    c.train.mini_batch_rows = 8
-    c.train.micro_batch_rows = 4
     c.checkpoint.every = 1
     c.loss.kl_type, c.loss.kl_coef = "low_var_kl", 0.02  # the KL reference survives warm start and resume
-    c.log.progress = False
-    c.log.tensorboard = False
     return c
 
 
@@ -335,3 +311,28 @@ def test_anchor_similarity_config_merges_near_identical_step_groups():
     assert anchor_keys(rows, 1.0).tolist() == [hash_anchor(t) for t in texts]
     merged = anchor_keys(rows, 0.9)
     assert merged[0] == merged[1] == merged[2] != merged[3]
+
+
+def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
+    """With no room settings given, a training run and `python -m roleagent_jax.evaluate` make the same
+    games from the same seed: both take the family's own defaults."""
+    from roleagent_jax import evaluate
+    from roleagent_jax.config import family_options
+    from roleagent_jax.envs import get_family
+    from roleagent_jax.run_setup import make_task_pool
+
+    c = load_config("base")
+    c.env.gen.n_train, c.log.progress = 3, False
+    family = get_family("alfworld")
+    pool = make_task_pool(
+        c, family.configured(family_options(c, family)), "gen_seen", tmp_path / "run", "train"
+    )
+    evaluate.main(["--split=gen_seen", "--gen-n=3", "--gen-seed=0", f"--gen-dir={tmp_path / 'eval'}",
+                   "--num-workers=1", "--limit=1", "--quiet"])  # fmt: skip
+
+    def games(folder: Path) -> dict[str, bytes]:  # every file the generator wrote, by relative path
+        return {str(f.relative_to(folder)): f.read_bytes() for f in folder.rglob("*") if f.is_file()}
+
+    trained = games(tmp_path / "run" / "games" / "train_gen_seen")
+    assert len(pool) == 3 and sum(name.endswith("game.tw-pddl") for name in trained) == 3
+    assert trained == games(tmp_path / "eval")
