@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -52,9 +53,18 @@ class Trainer:
     def __init__(self, config: ConfigDict):
         distributed.initialize()
         self.config = c = apply_algo(validate(config))
+        self.workdir = Path(c.workdir).absolute()
+        fresh = not self.workdir.exists()
+        try:
+            self._build(c)
+        except (ValueError, FileNotFoundError):  # refused while building: a new run leaves no workdir
+            if fresh and jax.process_index() == 0:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    def _build(self, c: ConfigDict) -> None:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
-        self.workdir = Path(c.workdir).absolute()
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.is_main = jax.process_index() == 0
