@@ -93,6 +93,14 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
     return pool if pool is not None else generate()
 
 
+def eval_pool(config: ConfigDict, family: Family, split: str, workdir: Path, train_pool: TaskPool) -> TaskPool:
+    """An evaluation split's tasks: the RL pool itself for a real training split, else the split's own
+    (a generated split's are held-out games)."""
+    if split == config.env.train_split and split not in family.generated_splits:
+        return train_pool
+    return make_task_pool(config, family, split, workdir, "eval")
+
+
 def load_settings(config: ConfigDict) -> dict:
     """How every checkpoint a run reads is built: the config's dtypes, remat and layer scan apply to a
     pretrained model as to a new one."""

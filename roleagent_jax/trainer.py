@@ -72,6 +72,8 @@ class Trainer:
         self.settings = setup.rollout_settings(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
         self.envs = setup.env_pool(c, self.family, self.train_pool)
+        # Made now, so a split that cannot be built stops the run before any work (and they are reused).
+        self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}
         self.experts = self.experts_type(c, self.family, self.train_pool, self.workdir)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
@@ -256,9 +258,7 @@ class Trainer:
         """Every game of `split` once (fixed panel), sampled at the eval temperature: `evaluate.summarize`
         of the episodes (success per type, the family's score, diagnostics)."""
         c = self.config
-        generated = split in self.family.generated_splits
-        pool = self.train_pool if split == c.env.train_split and not generated else None
-        pool = pool or setup.make_task_pool(c, self.family, split, self.workdir, "eval")
+        pool = self.eval_pools.get(split) or self._eval_pool(split)
         ids = list(range(len(pool)))[: limit or None]
         setup.say(c, f"evaluation: playing {len(ids)} {split} games")
         with setup.env_pool(c, self.family, pool) as envs:
@@ -272,6 +272,9 @@ class Trainer:
             )
         setup.print_failed(f"evaluation on {split}", result.trajectories, pool)
         return summarize(split, result.trajectories, self.family.task_types, self.family.score_name, pool)
+
+    def _eval_pool(self, split: str):
+        return setup.eval_pool(self.config, self.family, split, self.workdir, self.train_pool)
 
     def _evaluate_all(self, when: str) -> None:
         c = self.config

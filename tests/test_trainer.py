@@ -336,3 +336,15 @@ def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
     trained = games(tmp_path / "run" / "games" / "train_gen_seen")
     assert len(pool) == 3 and sum(name.endswith("game.tw-pddl") for name in trained) == 3
     assert trained == games(tmp_path / "eval")
+
+
+def test_a_start_refused_while_building_leaves_no_workdir(tmp_path):
+    """A split that cannot be built (a real QA set without a retriever) stops a new run before the warm
+    start, and the workdir it had begun is gone: the next try starts clean."""
+    from roleagent_jax.trainer import Trainer
+
+    c = shrunk(load_config("search_qa_demo"), tmp_path / "run")
+    c.env.gen.n_train, c.env.eval_splits = 4, ("nq",)
+    with pytest.raises(ValueError, match="needs a retriever"):
+        Trainer(c)
+    assert not (tmp_path / "run").exists()
