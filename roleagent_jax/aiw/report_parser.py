@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, normalize_failure_type, taxonomy
-from roleagent_jax.types import Trajectory
+from roleagent_jax.aiw.taxonomy import normalize_failure_type, taxonomy
+from roleagent_jax.types import UNKNOWN, FailureReport, Trajectory
 
 if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family

@@ -29,11 +29,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # annotations only: AIW and the records module are not needed to define the contract
-    from roleagent_jax.aiw.taxonomy import FailureReport
-    from roleagent_jax.types import Trajectory
+from roleagent_jax.types import FailureReport, Trajectory
 
 MAX_ACTION_CHARS = 200  # an unparsed response is sent to the env cut to this many characters
 
@@ -385,8 +383,6 @@ class Family:
         the 1-based critical step, and a lesson and retrieval query that name the task pattern, never
         the surface object. Used when the policy does not analyse (aiw.analyser=heuristic) and when its
         analysis is unusable. Default: `unknown` with the pattern name as query."""
-        from roleagent_jax.aiw.taxonomy import FailureReport
-
         p = self.pattern_name(traj.task_type)
         return FailureReport(
             detail="episode won" if traj.won else "no rule matched",

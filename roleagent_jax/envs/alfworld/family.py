@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.alfworld import games, goals, prompts, taxonomy
+from roleagent_jax.envs.alfworld import games, goals, heuristic, prompts, taxonomy
 from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
 from roleagent_jax.envs.base import Env, Family, PredictorFraming, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
@@ -128,9 +128,7 @@ class AlfWorld(Family):
         return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
 
     def analyse_failure(self, traj, max_steps: int):
-        from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
-
-        return heuristic_analyse(traj, max_steps)
+        return heuristic.analyse(traj, max_steps)
 
     def abstract_goal(self, goal: str, task_type: str) -> str:
         return goals.abstract_goal(goal, task_type)

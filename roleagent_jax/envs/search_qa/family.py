@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
-from roleagent_jax.envs.search_qa import baselines, prompts, taxonomy
+from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
@@ -339,9 +339,7 @@ class SearchQA(Family):
     # ------------------------------------------------------------------ AIW
 
     def analyse_failure(self, traj, max_steps: int):
-        from roleagent_jax.envs.search_qa.heuristic import analyse  # AIW is imported only where it runs
-
-        return analyse(traj, (), max_steps)
+        return heuristic.analyse(traj, max_steps)
 
     def abstract_goal(self, goal: str, task_type: str) -> str:
         return taxonomy.abstract_question(goal)
