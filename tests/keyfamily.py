@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from roleagent_jax.envs import Family, Observation, Task, TaskPool
+from roleagent_jax.envs import Family, Observation, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.text import action_block
 
 ROOMS = ("kitchen", "garden", "attic")
@@ -78,19 +78,14 @@ class KeyNote(Family):
     def make_env(self, max_steps: int) -> KeyNoteEnv:
         return KeyNoteEnv(max_steps)
 
-    def task_pool(
-        self, split, *, data_dir=None, gen_dir=None, n=0, seed=0, options=None, on_corrupt="fail"
-    ) -> TaskPool:
-        if split not in self.generated_splits:
-            raise ValueError(f"unknown keynote split {split!r}; known: gen")
-        self.resolve_options(options)
-        rng = random.Random(f"keynote:{seed}")
-        keys = [ROOMS[i % len(ROOMS)] for i in range(n)]  # balanced: no room is a better guess
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        rng = random.Random(f"keynote:{request.seed}")
+        keys = [ROOMS[i % len(ROOMS)] for i in range(request.n)]  # balanced: no room is a better guess
         rng.shuffle(keys)
         tasks = [
             Task(f"key{i}", k, "take the key.", k, (f"go to {k}", "take key")) for i, k in enumerate(keys)
         ]
-        return TaskPool(tasks, source=f"keynote seed {seed}")
+        return TaskPool(tasks, source=f"keynote seed {request.seed}")
 
     def agent_prompt(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 
 from roleagent_jax.envs.alfworld import games, goals, heuristic, prompts, taxonomy
 from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
-from roleagent_jax.envs.base import Env, Family, PredictorFraming, TaskPool
+from roleagent_jax.envs.base import Env, Family, PoolRequest, PredictorFraming, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 
 PROMPTS = ("reference", "compact")  # the reference runs' ALFWORLD_TEMPLATE | a short one for tiny models
@@ -63,28 +63,20 @@ class AlfWorld(Family):
 
         return AlfWorldEnv(max_steps, self.expert_type)
 
-    def task_pool(
-        self,
-        split: str,
-        *,
-        data_dir: str | Path | None = None,
-        gen_dir: str | Path | None = None,
-        n: int = 0,
-        seed: int = 0,
-        options: Mapping[str, Any] | None = None,
-        on_corrupt: str = "fail",
-    ) -> TaskPool:
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
         """gen_seen / gen_unseen: n generated games under gen_dir (None: $ROLEAGENT_GEN_DIR or the user
-        cache); any other split (train, valid_seen, valid_unseen, valid_train): a folder of real ALFWorld data."""
-        if split in games.GEN_POOLS:
-            if n < 1:
-                raise ValueError(f"a generated split needs n >= 1 games, got {n}")
-            opts = self.resolve_options(options)
-            size = {k: opts[k] for k in ("num_receptacles", "num_objects")}
-            from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
+        cache)."""
+        if request.n < 1:
+            raise ValueError(f"a generated split needs n >= 1 games, got {request.n}")
+        size = {k: request.options[k] for k in ("num_receptacles", "num_objects")}
+        from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
 
-            return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
-        return games.pool_from_split(data_dir or None, split, on_corrupt)
+        folder = request.gen_dir or games.default_gen_dir()
+        return generated_pool(folder, request.n, request.seed, games.GEN_POOLS[request.split], **size)
+
+    def data_tasks(self, request: PoolRequest) -> TaskPool:
+        """train, valid_seen, valid_unseen, valid_train: a folder of real ALFWorld data."""
+        return games.pool_from_split(request.data_dir or None, request.split, request.on_corrupt)
 
     def check_data(self, split: str, data_dir: str | Path | None = None) -> None:
         games.split_dir(data_dir or None, split)
