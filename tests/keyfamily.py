@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from roleagent_jax.envs import Family, Observation, PoolRequest, Task, TaskPool
+from roleagent_jax.envs import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.text import action_block
 
 ROOMS = ("kitchen", "garden", "attic")
@@ -88,13 +88,7 @@ class KeyNote(Family):
         return TaskPool(tasks, source=f"keynote seed {request.seed}")
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         seen = "".join(f"Saw: {o} Did: {a}\n" for o, a in (history[-history_k:] if history_k else []))
         # The goal and the commands never change: a model trained from scratch reads a short prompt best,

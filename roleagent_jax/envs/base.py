@@ -36,6 +36,12 @@ from roleagent_jax.types import FailureReport, Trajectory
 
 MAX_ACTION_CHARS = 200  # an unparsed response is sent to the env cut to this many characters
 
+History = Sequence[tuple[str, str]]
+"""An episode's earlier (observation, action) pairs, oldest first, as the prompt builders receive them."""
+
+Admissible = Sequence[str] | None
+"""The actions the env accepts at an observation; None for free-form families (any text is an action)."""
+
 
 # ------------------------------------------------------------------------------------------ records
 
@@ -348,13 +354,7 @@ class Family:
     # -------------------------------------------------------------- agent
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         """The agent's user message at `step` (0-based): the goal, the last `history_k` of the earlier
         (observation, action) pairs in `history` (oldest first; the builder slices), the current

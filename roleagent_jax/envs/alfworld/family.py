@@ -14,7 +14,7 @@ from typing import Any
 
 from roleagent_jax.envs.alfworld import games, goals, heuristic, prompts, taxonomy
 from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
-from roleagent_jax.envs.base import Env, Family, PoolRequest, PredictorFraming, TaskPool
+from roleagent_jax.envs.base import Admissible, Env, Family, History, PoolRequest, PredictorFraming, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 
 PROMPTS = ("reference", "compact")  # the reference runs' ALFWORLD_TEMPLATE | a short one for tiny models
@@ -91,13 +91,7 @@ class AlfWorld(Family):
             raise ValueError(f"valid={options['valid']!r}: must be one of {', '.join(VALIDITY_RULES)}")
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         if self.options["prompt"] == "reference":
             return build_reference_prompt(goal, history, observation, list(admissible or []), step, history_k)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.base import Family, Observation, PoolRequest, Task, TaskPool
+from roleagent_jax.envs.base import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
@@ -286,13 +286,7 @@ class SearchQA(Family):
     # ------------------------------------------------------------------ agent
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         if self.options["prompt"] == "reference":
             return build_reference_prompt(goal, prompts.recent_turns(history, observation, history_k), step)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.base import Family, PoolRequest, Task, TaskPool
+from roleagent_jax.envs.base import Admissible, Family, History, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 from roleagent_jax.envs.webshop import generate as gen
 from roleagent_jax.envs.webshop import heuristic, prompts
@@ -174,13 +174,7 @@ class WebShop(Family):
         return TaskPool(tasks, ref.folder)
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         chars = self.options["history_chars"]
         if self.options["prompt"] == "reference":

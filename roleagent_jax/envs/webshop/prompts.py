@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from roleagent_jax.envs.base import PredictorFraming
+from roleagent_jax.envs.base import Admissible, History, PredictorFraming
 from roleagent_jax.envs.text import action_block, clip_text, history_lines, matching_command, normalize_action
 from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
 
@@ -24,9 +24,9 @@ PREDICTOR_FRAMING = PredictorFraming(
 
 def build_agent_prompt(
     goal: str,
-    history: Sequence[tuple[str, str]],
+    history: History,
     observation: str,
-    admissible: Sequence[str] | None,
+    admissible: Admissible,
     step: int,
     k: int = 2,
     history_chars: int = 0,
