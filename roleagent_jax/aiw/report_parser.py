@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family
 
 ANALYSIS_STOP = "</analysis>"
-FIELDS = ("FAILURE_TYPE", "DETAIL", "CRITICAL_STEP", "LESSON", "QUERY")
 
 MAX_INPUT_CHARS = 20000  # longer answers are cut before parsing (bounded work on runaway generations)
 MAX_RAW_CHARS = 4000
