@@ -193,4 +193,3 @@ def _balanced(kb: KnowledgeBase, question: str, plan: tuple, i: int) -> tuple[st
         return question, plan
     template = _COMPARISONS[(kb.entity_type(a), rel, pick)]
     return template.format(a=b, b=a), ("compare", rel, pick, b, a)
-
