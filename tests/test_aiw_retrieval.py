@@ -4,19 +4,19 @@ import numpy as np
 import pytest
 from test_aiw_pool import TYPES, failed_episode, make_pool
 
-from roleagent_jax.aiw import (
-    FailureMemory,
-    FailureReport,
+from roleagent_jax.aiw import FailureMemory
+from roleagent_jax.aiw.retrieval import (
     TaskIndex,
     build_choice_prompt,
     parse_choice,
+    pattern_similarity,
     retrieve,
     retrieve_many,
     retrieve_with_sources,
 )
-from roleagent_jax.aiw.retrieval import pattern_similarity
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.heuristic import analyse
+from roleagent_jax.types import FailureReport
 
 ALFWORLD = get_family("alfworld")
 
