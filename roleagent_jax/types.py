@@ -1,11 +1,15 @@
-"""Plain data records shared by the rollout, WIA, AIW and evaluation.
+"""Plain data records shared by the rollout, WIA, AIW, evaluation and the environment families.
 
-Kept free of JAX so environment workers and host-side analysis can import them cheaply.
+Kept free of JAX and of every other package module, so environment workers and host-side analysis
+import them cheaply and the families' failure analysers need nothing above this floor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+UNKNOWN = "unknown"
+"""The failure type of an answer or trajectory that fits none of a family's types."""
 
 
 @dataclass
@@ -76,3 +80,29 @@ class Trajectory:
     @property
     def total_reward(self) -> float:
         return float(sum(s.reward for s in self.steps))
+
+
+@dataclass
+class FailureReport:
+    """One analysed failure. ``critical_step`` is 1-based, as steps are numbered in the analysis prompt."""
+
+    failure_type: str = UNKNOWN
+    detail: str = ""
+    critical_step: int | None = None
+    lesson: str = ""
+    query: str = ""
+    raw: str = ""
+    source: str = "llm"  # "llm" | "heuristic"
+
+    @property
+    def usable(self) -> bool:
+        """True when the report says something retrieval can use (a known type, a query or a lesson)."""
+        return self.failure_type != UNKNOWN or bool(self.query.strip()) or bool(self.lesson.strip())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FailureReport:
+        keys = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in keys})

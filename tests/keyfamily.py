@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from roleagent_jax.envs import Family, Observation, Task, TaskPool
+from roleagent_jax.envs import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.text import action_block
 
 ROOMS = ("kitchen", "garden", "attic")
@@ -78,28 +78,17 @@ class KeyNote(Family):
     def make_env(self, max_steps: int) -> KeyNoteEnv:
         return KeyNoteEnv(max_steps)
 
-    def task_pool(
-        self, split, *, data_dir=None, gen_dir=None, n=0, seed=0, options=None, on_corrupt="fail"
-    ) -> TaskPool:
-        if split not in self.generated_splits:
-            raise ValueError(f"unknown keynote split {split!r}; known: gen")
-        self.resolve_options(options)
-        rng = random.Random(f"keynote:{seed}")
-        keys = [ROOMS[i % len(ROOMS)] for i in range(n)]  # balanced: no room is a better guess
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        rng = random.Random(f"keynote:{request.seed}")
+        keys = [ROOMS[i % len(ROOMS)] for i in range(request.n)]  # balanced: no room is a better guess
         rng.shuffle(keys)
         tasks = [
             Task(f"key{i}", k, "take the key.", k, (f"go to {k}", "take key")) for i, k in enumerate(keys)
         ]
-        return TaskPool(tasks, source=f"keynote seed {seed}")
+        return TaskPool(tasks, source=f"keynote seed {request.seed}")
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         seen = "".join(f"Saw: {o} Did: {a}\n" for o, a in (history[-history_k:] if history_k else []))
         # The goal and the commands never change: a model trained from scratch reads a short prompt best,

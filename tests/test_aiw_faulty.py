@@ -5,7 +5,7 @@ import pytest
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
 from roleagent_jax.envs.alfworld.faulty import MISTAKES, applicable, play_faulty
-from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import analyse
 from roleagent_jax.envs.alfworld.procgen import generated_pool
 
 MAX_STEPS = 10
@@ -33,7 +33,7 @@ def test_every_mistake_is_played_and_fails(labelled):
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
 def test_heuristic_labels_each_faulty_expert(labelled, mistake):
     tr, _, label = next(x for x in labelled if x[1] == mistake)
-    rep = heuristic_analyse(tr, MAX_STEPS)
+    rep = analyse(tr, MAX_STEPS)
     assert rep.failure_type == label, (rep.detail, [(s.action, s.next_observation[:40]) for s in tr.steps])
 
 

@@ -5,7 +5,7 @@ import pytest
 from roleagent_jax.aiw import taxonomy
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.goals import abstract_goal, parse_goal
-from roleagent_jax.envs.alfworld.heuristic import RULE_ORDER, heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import RULE_ORDER, analyse
 from roleagent_jax.types import Step, Trajectory
 
 NOTHING = "Nothing happens."
@@ -153,7 +153,7 @@ def test_every_type_has_a_crafted_case():
 @pytest.mark.parametrize("expected", list(CRAFTED))
 def test_heuristic_labels_crafted_trajectories(expected):
     (task_type, goal), script, crit = CRAFTED[expected]
-    rep = heuristic_analyse(traj(task_type, goal, script))
+    rep = analyse(traj(task_type, goal, script))
     assert rep.failure_type == expected, rep.detail
     assert rep.critical_step == crit
     assert rep.source == "heuristic" and rep.usable and rep.detail
@@ -162,7 +162,7 @@ def test_heuristic_labels_crafted_trajectories(expected):
 @pytest.mark.parametrize("expected", list(CRAFTED))
 def test_lesson_and_query_name_the_pattern_not_the_object(expected):
     (task_type, goal), script, _ = CRAFTED[expected]
-    rep = heuristic_analyse(traj(task_type, goal, script))
+    rep = analyse(traj(task_type, goal, script))
     spec = parse_goal(goal, task_type)
     pattern = {
         "pick_clean_then_place_in_recep": "clean then place",
@@ -178,7 +178,7 @@ def test_lesson_and_query_name_the_pattern_not_the_object(expected):
 
 def test_missing_precondition_for_look_tasks_and_clean_before_place_is_not_flagged():
     # turning the lamp on without holding the pillow
-    rep = heuristic_analyse(
+    rep = analyse(
         traj(
             *LOOK,
             [("go to desk 1", arrive("desk 1")), ("use desklamp 1", "You turn on the desklamp 1.")] + pad(48),
@@ -194,7 +194,7 @@ def test_missing_precondition_for_look_tasks_and_clean_before_place_is_not_flagg
         ]
         + pad(44)
     )
-    assert heuristic_analyse(traj(*CLEAN, script)).failure_type == "unknown"
+    assert analyse(traj(*CLEAN, script)).failure_type == "unknown"
 
 
 def test_nothing_happens_actions_do_not_count_as_done():
@@ -204,19 +204,17 @@ def test_nothing_happens_actions_do_not_count_as_done():
         ("take pencil 1 from sidetable 1", NOTHING),
         ("move pencil 1 to shelf 1", NOTHING),
     ] + pad(47)
-    assert heuristic_analyse(traj(*SIMPLE, script)).failure_type == "unknown"
+    assert analyse(traj(*SIMPLE, script)).failure_type == "unknown"
 
 
 def test_priority_root_cause_before_symptom():
     loop = [("go to bed 1", arrive("bed 1")), ("go to desk 1", arrive("desk 1"))] * 3
     # a format-error run of 5 explains the loop after it
-    assert (
-        heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 5 + loop)).failure_type == "action_format_error"
-    )
+    assert analyse(traj(*SIMPLE, [(None, NOTHING)] * 5 + loop)).failure_type == "action_format_error"
     # a few stray unparsable answers do not: the loop is what failed
-    assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)] * 3 + loop)).failure_type == "navigation_loop"
+    assert analyse(traj(*SIMPLE, [(None, NOTHING)] * 3 + loop)).failure_type == "navigation_loop"
     # with nothing else to explain the failure, even one unparsable answer is the label
-    assert heuristic_analyse(traj(*SIMPLE, [(None, NOTHING)])).failure_type == "action_format_error"
+    assert analyse(traj(*SIMPLE, [(None, NOTHING)])).failure_type == "action_format_error"
 
 
 def test_refused_commands_are_read_not_called_format_errors():
@@ -230,27 +228,27 @@ def test_refused_commands_are_read_not_called_format_errors():
         ]
         return Trajectory(task_id=0, task_type=HEAT[0], goal=HEAT[1], steps=steps)
 
-    absent = heuristic_analyse(refused(["take egg 1 from shelf 3"]))
+    absent = analyse(refused(["take egg 1 from shelf 3"]))
     assert absent.failure_type == "entity_confusion" and "shelf 3" in absent.detail
-    again = heuristic_analyse(refused(["open fridge 1"] * 4))
+    again = analyse(refused(["open fridge 1"] * 4))
     assert again.failure_type == "repeated_failed_action"
-    wrong = heuristic_analyse(refused(["heat egg 1 with fridge 1"]))
+    wrong = analyse(refused(["heat egg 1 with fridge 1"]))
     assert wrong.failure_type == "wrong_object_interaction"
     # many different refused commands, none naming an entity: still commands that had no effect
-    varied = heuristic_analyse(refused([f"go to the kitchen {w}" for w in ("now", "please", "again")]))
+    varied = analyse(refused([f"go to the kitchen {w}" for w in ("now", "please", "again")]))
     assert varied.failure_type == "repeated_failed_action" and "3 of 3" in varied.detail
 
 
 def test_won_and_env_failed_episodes_are_not_labelled():
     script = CRAFTED["navigation_loop"][1]
-    assert heuristic_analyse(traj(*LOOK, script, won=True)).failure_type == "unknown"
-    rep = heuristic_analyse(traj(*LOOK, script, env_failed=True))
+    assert analyse(traj(*LOOK, script, won=True)).failure_type == "unknown"
+    rep = analyse(traj(*LOOK, script, env_failed=True))
     assert rep.failure_type == "unknown" and "environment" in rep.detail
 
 
 def test_deterministic():
     (tt, goal), script, _ = CRAFTED["repeated_failed_action"]
-    assert heuristic_analyse(traj(tt, goal, script)) == heuristic_analyse(traj(tt, goal, script))
+    assert analyse(traj(tt, goal, script)) == analyse(traj(tt, goal, script))
 
 
 @pytest.mark.parametrize(
@@ -310,6 +308,6 @@ def test_pick_two_with_only_one_object_found_is_exhaustive_failure():
         + [(f"go to {r}", arrive(r)) for r in places]
         + pad(39)
     )
-    rep = heuristic_analyse(traj(*TWO, script))
+    rep = analyse(traj(*TWO, script))
     assert rep.failure_type == "exhaustive_exploration_failure" and "2 different cds" in rep.detail
     assert rep.query.startswith("two objects place")

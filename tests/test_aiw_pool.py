@@ -19,7 +19,7 @@ from roleagent_jax.aiw import (
 )
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.goals import parse_goal
-from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import analyse
 from roleagent_jax.types import Step, Trajectory
 
 ALFWORLD = get_family("alfworld")
@@ -134,7 +134,7 @@ def run_rounds(tmp_path, failing_type: str, rounds: int, batch: int = 16, cfg=Cf
             for j, t in enumerate(tasks)
             if pool.task_types[t] == failing_type
         ]
-        reports = [heuristic_analyse(t) for t in failed]
+        reports = [analyse(t) for t in failed]
         metrics = aiw_round(state, failed, reports, pool, ALFWORLD, cfg, it, seed=cfg.seed)
         assert metrics["aiw/max_prob"] <= cfg.cap + 1e-12
         assert format_round(metrics, state.history[-1]).startswith("AIW:")
@@ -183,7 +183,7 @@ def test_aiw_state_round_trip(tmp_path):
     aiw_round(
         run_state,
         [failed_episode(0, pool.task_types[0], pool.goals[0])],
-        [heuristic_analyse(failed_episode(0, pool.task_types[0], pool.goals[0]))],
+        [analyse(failed_episode(0, pool.task_types[0], pool.goals[0]))],
         pool,
         ALFWORLD,
         Cfg,
@@ -238,9 +238,7 @@ def test_real_valid_seen_pool(alfworld_data, tmp_path):
     for it in range(5):
         tasks = sampler.sample(16)
         failed = [failed_episode(int(t), failing, pool.goals[t], variant=it) for t in tasks if mask[t]]
-        aiw_round(
-            state, failed, [heuristic_analyse(t) for t in failed], pool, ALFWORLD, Cfg, it, seed=Cfg.seed
-        )
+        aiw_round(state, failed, [analyse(t) for t in failed], pool, ALFWORLD, Cfg, it, seed=Cfg.seed)
     p = sampler.probs()
     assert p[mask].sum() >= 2 * mask.mean() and p.max() <= Cfg.cap + 1e-12
 

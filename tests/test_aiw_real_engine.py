@@ -6,7 +6,7 @@ the placement, and the analyser must name the skipped precondition at the placin
 
 import pytest
 
-from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import analyse
 from roleagent_jax.types import Step, Trajectory
 
 TYPES = ["pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep"]
@@ -43,7 +43,7 @@ def test_skipped_transform_is_missing_precondition(env_and_games, task_type):
         now = nxt
     assert not now.won
     traj = Trajectory(task_id=0, task_type=task_type, goal=now.info["goal"], steps=steps)
-    rep = heuristic_analyse(traj)
+    rep = analyse(traj)
     assert rep.failure_type == "missing_precondition", rep.detail
     assert rep.critical_step == len(script)  # the placing step, numbered from 1
     assert steps[-1].action.startswith(("put ", "move "))

@@ -4,19 +4,19 @@ import numpy as np
 import pytest
 from test_aiw_pool import TYPES, failed_episode, make_pool
 
-from roleagent_jax.aiw import (
-    FailureMemory,
-    FailureReport,
+from roleagent_jax.aiw import FailureMemory
+from roleagent_jax.aiw.retrieval import (
     TaskIndex,
     build_choice_prompt,
     parse_choice,
+    pattern_similarity,
     retrieve,
     retrieve_many,
     retrieve_with_sources,
 )
-from roleagent_jax.aiw.retrieval import pattern_similarity
 from roleagent_jax.envs import get_family
-from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import analyse
+from roleagent_jax.types import FailureReport
 
 ALFWORLD = get_family("alfworld")
 
@@ -27,7 +27,7 @@ CLEAN = "pick_clean_then_place_in_recep"
 def clean_report():
     t = next(i for i, tt in enumerate(POOL.task_types) if tt == CLEAN)
     traj = failed_episode(t, CLEAN, POOL.goals[t])
-    return t, heuristic_analyse(traj)
+    return t, analyse(traj)
 
 
 def test_fuzzy_retrieves_the_pattern_not_the_object():

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from roleagent_jax.envs import Family, Observation, Task, TaskPool, register, unregister
+from roleagent_jax.envs import Family, Observation, PoolRequest, Task, TaskPool, register, unregister
 
 ROOMS = ("hall", "kitchen", "garden", "attic")
 
@@ -56,11 +56,9 @@ class FindKey(Family):
     def make_env(self, max_steps: int) -> FindKeyEnv:
         return FindKeyEnv(max_steps)
 
-    def task_pool(self, split, *, data_dir=None, gen_dir=None, n=0, seed=0, options=None) -> TaskPool:
-        if split not in self.generated_splits:
-            raise ValueError(f"unknown findkey split {split!r}; known: gen")
-        rng = random.Random(f"findkey:{seed}")
-        keys = [rng.choice(ROOMS[1:]) for _ in range(n)]
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        rng = random.Random(f"findkey:{request.seed}")
+        keys = [rng.choice(ROOMS[1:]) for _ in range(request.n)]
         types = ["key_near" if k == "kitchen" else "key_far" for k in keys]
         plans = [(f"go to {k}", "take key") for k in keys]
         return TaskPool(

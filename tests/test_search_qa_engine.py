@@ -2,14 +2,13 @@
 
 import pytest
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN
 from roleagent_jax.envs.search_qa import INVALID_PENALTY, WIN_REWARD, BM25Retriever, Passage, SearchQAEnv
 from roleagent_jax.envs.search_qa.engine import CORRECT, FORMAT_REMINDER, INVALID_SEARCH_R1, WRONG
 from roleagent_jax.envs.search_qa.heuristic import RULE_ORDER, analyse
 from roleagent_jax.envs.search_qa.prompts import build_agent_prompt
 from roleagent_jax.envs.search_qa.tasks import QATask
 from roleagent_jax.envs.search_qa.taxonomy import SEARCH_QA_TYPES, abstract_question
-from roleagent_jax.types import Step, Trajectory
+from roleagent_jax.types import UNKNOWN, Step, Trajectory
 
 PASSAGES = [
     Passage("Alven Moradi", "Alven Moradi (born 1874 in Tarsk) is a painter.", "0"),

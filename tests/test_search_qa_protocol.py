@@ -2,10 +2,9 @@
 one-action rule, reward 1.0, and both retrieval servers' request shapes."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import test_search_qa_retrievers
 
 from roleagent_jax.envs.base import Task, get_family
 from roleagent_jax.envs.search_qa import BM25Retriever, HTTPRetriever, Passage, SearchQAEnv
@@ -90,38 +89,20 @@ def test_bad_options_name_the_key_and_value():
 # ----- the two retrieval servers' request shapes, on loopback ---------------------------------------
 
 
-class _Server:
+class _Server(test_search_qa_retrievers._Server):
     """A retrieval server on 127.0.0.1 that speaks one request shape: Role-Agent's {"query": ...} (one
     query a request) or Search-R1's {"queries": [...]}; any other body gets HTTP 422, as FastAPI does."""
 
     def __init__(self, shape: str):
-        self.requests: list[dict] = []
-        outer = self
+        self.shape = shape
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                if shape not in body:
-                    self.send_response(422)
-                    self.end_headers()
-                    self.wfile.write(b'{"detail": "field required"}')
-                    return
-                asked = [body["query"]] if shape == "query" else body["queries"]
-                result = [outer.hits(q, body["topk"], body.get("return_scores")) for q in asked]
-                data = json.dumps({"result": result}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/retrieve"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
+    def reply(self, body: dict) -> tuple[int, bytes]:
+        if self.shape not in body:
+            return 422, b'{"detail": "field required"}'
+        asked = [body["query"]] if self.shape == "query" else body["queries"]
+        result = [self.hits(q, body["topk"], body.get("return_scores")) for q in asked]
+        return 200, json.dumps({"result": result}).encode()
 
     @staticmethod
     def hits(query: str, topk: int, scores: bool) -> list:
@@ -129,10 +110,6 @@ class _Server:
             :topk
         ]
         return [{"document": d, "score": 1.0} for d in docs] if scores else docs
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.mark.parametrize("shape", ["query", "queries"])
@@ -167,7 +144,9 @@ def test_family_sends_the_role_agent_shape_by_default(tmp_path):
         env = family.configured({"retriever_url": server.url}).make_env(4)
         env.reset(task)
         obs = env.step("<search>fact1_3</search>")
-        assert server.requests == [{"query": "fact1_3", "topk": 3, "return_scores": True}]
+        assert server.requests == [
+            {"path": "/retrieve", "query": "fact1_3", "topk": 3, "return_scores": True}
+        ]
         assert PASSAGES[1].text in obs.text
         assert env.step("<answer>Tarsk</answer>").reward == 1.0
     finally:

@@ -23,7 +23,8 @@ DOCS = [
 
 
 class _Server:
-    """A retrieval server on 127.0.0.1 (ephemeral port) whose behaviour each test scripts."""
+    """A retrieval server on 127.0.0.1 (ephemeral port) whose behaviour each test scripts; `reply` decides
+    each answer (a subclass can speak another protocol)."""
 
     def __init__(self):
         self.requests: list[dict] = []
@@ -37,22 +38,12 @@ class _Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, **body})
-                action = outer.script.pop(0) if outer.script else "ok"
-                if isinstance(action, tuple) and action[0] == "sleep":
-                    time.sleep(action[1])
-                if isinstance(action, tuple) and action[0] == "status":
-                    self.send_response(action[1])
-                    self.end_headers()
-                    self.wfile.write(b"overloaded" if action[1] >= 500 else b"bad request")
-                    return
-                payload = (
-                    action[1] if isinstance(action, tuple) and action[0] == "body" else outer.answer(body)
-                )
-                data = json.dumps(payload).encode()
+                status, data = outer.reply(body)
                 try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
+                    self.send_response(status)
+                    if status == 200:
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
@@ -63,6 +54,16 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/retrieve"
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
+
+    def reply(self, body: dict) -> tuple[int, bytes]:
+        """(HTTP status, response body) for one request, as the script's next step says."""
+        action = self.script.pop(0) if self.script else "ok"
+        if isinstance(action, tuple) and action[0] == "sleep":
+            time.sleep(action[1])
+        if isinstance(action, tuple) and action[0] == "status":
+            return action[1], b"overloaded" if action[1] >= 500 else b"bad request"
+        payload = action[1] if isinstance(action, tuple) and action[0] == "body" else self.answer(body)
+        return 200, json.dumps(payload).encode()
 
     @staticmethod
     def answer(body: dict) -> dict:

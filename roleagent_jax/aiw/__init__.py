@@ -1,8 +1,11 @@
 """Agent-In-World (AIW): failure analysis, failure memory, retrieval and failure-driven task sampling.
 
 Generic over scenario families: the taxonomy, heuristic analyser and goal patterns come from the
-family (`envs.base.Family`).
+family (`envs.base.Family`). `plot_aiw_history` loads on first use: importing AIW (or a family)
+does not import matplotlib.
 """
+
+from typing import Any
 
 from roleagent_jax.aiw.loop import (
     AIWState,
@@ -13,7 +16,6 @@ from roleagent_jax.aiw.loop import (
     format_round,
 )
 from roleagent_jax.aiw.memory import FailureMemory, trajectory_digest
-from roleagent_jax.aiw.plots import plot_aiw_history
 from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
 from roleagent_jax.aiw.retrieval import (
     TaskIndex,
@@ -24,7 +26,8 @@ from roleagent_jax.aiw.retrieval import (
     retrieve_with_sources,
 )
 from roleagent_jax.aiw.task_sampler import TaskSampler, apply_cap
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, normalize_failure_type, taxonomy
+from roleagent_jax.aiw.taxonomy import normalize_failure_type, taxonomy
+from roleagent_jax.types import UNKNOWN, FailureReport
 
 __all__ = [
     "ANALYSIS_STOP", "UNKNOWN", "AIWState", "FailureMemory", "FailureReport", "TaskIndex", "TaskSampler",
@@ -32,3 +35,12 @@ __all__ = [
     "build_choice_prompt", "choice_request", "format_round", "normalize_failure_type", "parse_choice", "parse_failure_report",
     "plot_aiw_history", "retrieve", "retrieve_many", "retrieve_with_sources", "taxonomy", "trajectory_digest",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """The plotting entry point, imported on first use so that matplotlib loads only where AIW plots."""
+    if name == "plot_aiw_history":
+        from roleagent_jax.aiw.plots import plot_aiw_history
+
+        return plot_aiw_history
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,8 @@ from roleagent_jax.aiw.memory import FailureMemory
 from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
 from roleagent_jax.aiw.retrieval import TaskIndex, retrieve_with_sources
 from roleagent_jax.aiw.task_sampler import TaskSampler
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, taxonomy
-from roleagent_jax.types import Trajectory
+from roleagent_jax.aiw.taxonomy import taxonomy
+from roleagent_jax.types import UNKNOWN, FailureReport, Trajectory
 
 if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family

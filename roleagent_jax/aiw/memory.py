@@ -16,8 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from roleagent_jax.aiw.taxonomy import FailureReport
-from roleagent_jax.types import Trajectory
+from roleagent_jax.types import FailureReport, Trajectory
 
 SUMMARY_CHARS = 200
 

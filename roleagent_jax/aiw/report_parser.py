@@ -5,25 +5,18 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport, normalize_failure_type, taxonomy
-from roleagent_jax.types import Trajectory
+from roleagent_jax.aiw.taxonomy import normalize_failure_type, taxonomy
+from roleagent_jax.envs.text import clip_text
+from roleagent_jax.types import UNKNOWN, FailureReport, Trajectory
 
 if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family
 
 ANALYSIS_STOP = "</analysis>"
-FIELDS = ("FAILURE_TYPE", "DETAIL", "CRITICAL_STEP", "LESSON", "QUERY")
 
 MAX_INPUT_CHARS = 20000  # longer answers are cut before parsing (bounded work on runaway generations)
 MAX_RAW_CHARS = 4000
 MAX_FIELD_CHARS = 400
-
-_WS = re.compile(r"\s+")
-
-
-def _clip(text: str, n: int) -> str:
-    text = _WS.sub(" ", text or "").strip()
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def build_analysis_prompt(
@@ -50,7 +43,7 @@ def build_analysis_prompt(
     outcome = "environment error" if traj.env_failed else f"failed after {len(traj.steps)} steps"
     lines = [
         family.analysis_intro,
-        f"Task: {_clip(traj.goal, 160)} (type: {traj.task_type})",
+        f"Task: {clip_text(traj.goal, 160)} (type: {traj.task_type})",
         f"Outcome: {outcome}",
     ]
     for item in shown:
@@ -61,8 +54,8 @@ def build_analysis_prompt(
         if s.action and (s.valid or s.parsed):
             act = s.action if s.valid else f"REFUSED: {s.action}"  # a command, just not an admissible one
         else:
-            act = f"INVALID: {_clip(s.response, 60)}"
-        lines.append(f"{i}. {_clip(act, 80)} -> {_clip(s.next_observation, obs_chars)}")
+            act = f"INVALID: {clip_text(s.response or '', 60)}"
+        lines.append(f"{i}. {clip_text(act, 80)} -> {clip_text(s.next_observation or '', obs_chars)}")
     if describe_types:
         lines.append("Failure types:")
         lines.extend(f"- {n}: {family.failure_types[n]}" for n in names)
@@ -187,10 +180,10 @@ def parse_failure_report(text: str, family: Family) -> FailureReport:
         step = _first_int(fields.get("critical_step", ""))
         return FailureReport(
             failure_type=ftype,
-            detail=_clip(fields.get("detail", ""), MAX_FIELD_CHARS),
+            detail=clip_text(fields.get("detail", ""), MAX_FIELD_CHARS),
             critical_step=step if step is not None and step < 100000 else None,
-            lesson=_clip(fields.get("lesson", ""), MAX_FIELD_CHARS),
-            query=_clip(fields.get("query", ""), MAX_FIELD_CHARS),
+            lesson=clip_text(fields.get("lesson", ""), MAX_FIELD_CHARS),
+            query=clip_text(fields.get("query", ""), MAX_FIELD_CHARS),
             raw=raw[:MAX_RAW_CHARS],
             source="llm",
         )

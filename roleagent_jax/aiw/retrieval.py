@@ -32,7 +32,7 @@ import numpy as np
 from rapidfuzz import fuzz, utils
 
 from roleagent_jax.aiw.memory import FailureMemory
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+from roleagent_jax.types import UNKNOWN, FailureReport
 
 if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family

@@ -1,21 +1,23 @@
-"""The structured failure report and the mapping of free-form type answers onto a family's taxonomy.
+"""The mapping of free-form type answers onto a family's taxonomy.
 
 A family lists its failure types (`Family.failure_types`, with glosses) and the phrases small models use
-for them (`Family.failure_keywords`); `unknown` is added here for answers that fit none.
+for them (`Family.failure_keywords`); `unknown` is added here for answers that fit none. The failure
+record itself (`FailureReport`, `UNKNOWN`) lives in `roleagent_jax.types`, below the families.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from rapidfuzz import fuzz, process
 
+from roleagent_jax.types import UNKNOWN, FailureReport
+
 if TYPE_CHECKING:
     from roleagent_jax.envs.base import Family
 
-UNKNOWN = "unknown"
+__all__ = ["FUZZY_THRESHOLD", "UNKNOWN", "FailureReport", "normalize_failure_type", "taxonomy"]
 
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 FUZZY_THRESHOLD = 85.0
@@ -59,29 +61,3 @@ def normalize_failure_type(text: str, family: Family) -> str:
         if key in slug and name in names:
             return name
     return UNKNOWN
-
-
-@dataclass
-class FailureReport:
-    """One analysed failure. ``critical_step`` is 1-based, as steps are numbered in the analysis prompt."""
-
-    failure_type: str = UNKNOWN
-    detail: str = ""
-    critical_step: int | None = None
-    lesson: str = ""
-    query: str = ""
-    raw: str = ""
-    source: str = "llm"  # "llm" | "heuristic"
-
-    @property
-    def usable(self) -> bool:
-        """True when the report says something retrieval can use (a known type, a query or a lesson)."""
-        return self.failure_type != UNKNOWN or bool(self.query.strip()) or bool(self.lesson.strip())
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> FailureReport:
-        keys = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in keys})

@@ -5,9 +5,12 @@ family's engine loads only when its env is built. Each family lives in `envs/<fa
 """
 
 from roleagent_jax.envs.base import (
+    Admissible,
     Env,
     Family,
+    History,
     Observation,
+    PoolRequest,
     PredictorFraming,
     Task,
     TaskPool,
@@ -19,10 +22,13 @@ from roleagent_jax.envs.base import (
 from roleagent_jax.envs.pool import EnvPool
 
 __all__ = [
+    "Admissible",
     "Env",
     "EnvPool",
     "Family",
+    "History",
     "Observation",
+    "PoolRequest",
     "PredictorFraming",
     "Task",
     "TaskPool",

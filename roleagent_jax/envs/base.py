@@ -10,7 +10,8 @@ names in this module, so adding a family is one package under `roleagent_jax/env
 - `Env`: the engine adapter protocol, `reset(task, expert=False)` and `step(action)`; instances live
   in worker processes (see `envs/pool.py`) and never import JAX.
 - `TaskPool`: an ordered list of tasks; a task's index in it is the task id everything else uses
-  (the AIW sampler draws indices, `EnvPool.reset` plays `pool.tasks[i]`).
+  (the AIW sampler draws indices, `EnvPool.reset` plays `pool.tasks[i]`). `PoolRequest`: the
+  arguments of one `Family.task_pool` call, as the family's pool hooks see them.
 - `Family`: the base class a family subclasses: its name and task types, how to build its env and
   its task pools, the agent's prompt and action parser, the WIA predictor framing and the AIW pieces
   (failure taxonomy, heuristic analyser, goal abstraction for retrieval).
@@ -29,13 +30,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # annotations only: AIW and the records module are not needed to define the contract
-    from roleagent_jax.aiw.taxonomy import FailureReport
-    from roleagent_jax.types import Trajectory
+from roleagent_jax.types import FailureReport, Trajectory
 
 MAX_ACTION_CHARS = 200  # an unparsed response is sent to the env cut to this many characters
+
+History = Sequence[tuple[str, str]]
+"""An episode's earlier (observation, action) pairs, oldest first, as the prompt builders receive them."""
+
+Admissible = Sequence[str] | None
+"""The actions the env accepts at an observation; None for free-form families (any text is an action)."""
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -156,6 +161,20 @@ class TaskPool:
 
 
 @dataclass(frozen=True)
+class PoolRequest:
+    """The arguments of one `Family.task_pool` call, as the family's pool hooks receive them: `options`
+    already resolved over `gen_options`, so a hook reads every setting as a key."""
+
+    split: str
+    data_dir: str | Path | None = None
+    gen_dir: str | Path | None = None
+    n: int = 0
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+    on_corrupt: str = "fail"
+
+
+@dataclass(frozen=True)
 class PredictorFraming:
     """The family's words in WIA's predictor prompt (the rest of that prompt is generic).
 
@@ -183,7 +202,8 @@ class Family:
     Class attributes to set: `name`, `task_types`; usually also `action_stop`, `empty_action`,
     `has_expert`, `generated_splits`, `gen_options`, `predictor_framing`, `analysis_intro`,
     `failure_types` (+ `failure_keywords`), `pattern_keywords`. Methods to implement: `make_env`,
-    `task_pool`, `agent_prompt`, `parse_action`; override the others where the defaults do not fit.
+    `generated_tasks` and/or `data_tasks` (behind `task_pool`), `agent_prompt`, `parse_action`; override
+    the others where the defaults do not fit.
     """
 
     name: ClassVar[str] = ""
@@ -287,8 +307,23 @@ class Family:
         same tasks. An unknown split raises ValueError listing the known ones. A real split's task file
         that cannot be read raises ValueError naming it (`on_corrupt="fail"`) or is left out with a
         warning naming it (`"skip"`).
+
+        Families implement `generated_tasks` and `data_tasks`; this resolves the options and picks one.
         """
-        raise NotImplementedError(f"family {self.name!r} does not implement task_pool")
+        request = PoolRequest(split, data_dir, gen_dir, n, seed, self.resolve_options(options), on_corrupt)
+        if split in self.generated_splits:
+            return self.generated_tasks(request)
+        return self.data_tasks(request)
+
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        """The tasks of a generated split (one of `generated_splits`); see `task_pool`."""
+        raise NotImplementedError(f"family {self.name!r} does not implement generated_tasks")
+
+    def data_tasks(self, request: PoolRequest) -> TaskPool:
+        """The tasks of any other split, read from real data; see `task_pool`. Default: no real data, so
+        the split is unknown (ValueError listing the known ones)."""
+        known = self.known_splits() or self.generated_splits
+        raise ValueError(f"unknown {self.name} split {request.split!r}; known: {', '.join(known)}")
 
     def known_splits(self) -> tuple[str, ...] | None:
         """Every split name `task_pool` accepts (data splits, then generated ones), checked against the
@@ -319,13 +354,7 @@ class Family:
     # -------------------------------------------------------------- agent
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         """The agent's user message at `step` (0-based): the goal, the last `history_k` of the earlier
         (observation, action) pairs in `history` (oldest first; the builder slices), the current
@@ -385,8 +414,6 @@ class Family:
         the 1-based critical step, and a lesson and retrieval query that name the task pattern, never
         the surface object. Used when the policy does not analyse (aiw.analyser=heuristic) and when its
         analysis is unusable. Default: `unknown` with the pattern name as query."""
-        from roleagent_jax.aiw.taxonomy import FailureReport
-
         p = self.pattern_name(traj.task_type)
         return FailureReport(
             detail="episode won" if traj.won else "no rule matched",

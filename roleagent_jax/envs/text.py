@@ -1,6 +1,6 @@
 """Text pieces that families with an `<action>` answer format share: the answer's action block, the
-reference runs' format rule, the case- and space-blind comparison of commands, and the numbered history
-lines of an agent prompt.
+reference runs' format rule, the case- and space-blind comparison of commands, the numbered history
+lines of an agent prompt, and the one-line clipping every prompt uses for long texts.
 
 A family's own parser decides what a valid action is; these only find it, so every family reads the
 answer format the same way (and never raises on what a model writes).
@@ -58,6 +58,14 @@ def reference_action(response: object) -> tuple[str | None, bool]:
         return None, False
     formed = "<think>" in response and "</think>" in response and not _CJK.search(response)
     return action, formed
+
+
+def clip_text(text: str, n: int) -> str:
+    """`text` on one line (whitespace runs collapsed to one space), cut to `n` characters ending in
+    "..." when longer; n <= 0 keeps it whole. Prompts show observations and answers this way, so one
+    long page or runaway answer cannot crowd out the rest."""
+    text = " ".join(text.split())
+    return text if n <= 0 or len(text) <= n else text[: n - 3] + "..."
 
 
 def normalize_action(text: str) -> str:

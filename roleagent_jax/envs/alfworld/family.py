@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.alfworld import games, goals, prompts, taxonomy
+from roleagent_jax.envs.alfworld import games, goals, heuristic, prompts, taxonomy
 from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
-from roleagent_jax.envs.base import Env, Family, PredictorFraming, TaskPool
+from roleagent_jax.envs.base import Admissible, Env, Family, History, PoolRequest, PredictorFraming, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 
 PROMPTS = ("reference", "compact")  # the reference runs' ALFWORLD_TEMPLATE | a short one for tiny models
@@ -63,28 +63,20 @@ class AlfWorld(Family):
 
         return AlfWorldEnv(max_steps, self.expert_type)
 
-    def task_pool(
-        self,
-        split: str,
-        *,
-        data_dir: str | Path | None = None,
-        gen_dir: str | Path | None = None,
-        n: int = 0,
-        seed: int = 0,
-        options: Mapping[str, Any] | None = None,
-        on_corrupt: str = "fail",
-    ) -> TaskPool:
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
         """gen_seen / gen_unseen: n generated games under gen_dir (None: $ROLEAGENT_GEN_DIR or the user
-        cache); any other split (train, valid_seen, valid_unseen, valid_train): a folder of real ALFWorld data."""
-        if split in games.GEN_POOLS:
-            if n < 1:
-                raise ValueError(f"a generated split needs n >= 1 games, got {n}")
-            opts = self.resolve_options(options)
-            size = {k: opts[k] for k in ("num_receptacles", "num_objects")}
-            from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
+        cache)."""
+        if request.n < 1:
+            raise ValueError(f"a generated split needs n >= 1 games, got {request.n}")
+        size = {k: request.options[k] for k in ("num_receptacles", "num_objects")}
+        from roleagent_jax.envs.alfworld.procgen import generated_pool  # the generator, when needed
 
-            return generated_pool(gen_dir or games.default_gen_dir(), n, seed, games.GEN_POOLS[split], **size)
-        return games.pool_from_split(data_dir or None, split, on_corrupt)
+        folder = request.gen_dir or games.default_gen_dir()
+        return generated_pool(folder, request.n, request.seed, games.GEN_POOLS[request.split], **size)
+
+    def data_tasks(self, request: PoolRequest) -> TaskPool:
+        """train, valid_seen, valid_unseen, valid_train: a folder of real ALFWorld data."""
+        return games.pool_from_split(request.data_dir or None, request.split, request.on_corrupt)
 
     def check_data(self, split: str, data_dir: str | Path | None = None) -> None:
         games.split_dir(data_dir or None, split)
@@ -99,13 +91,7 @@ class AlfWorld(Family):
             raise ValueError(f"valid={options['valid']!r}: must be one of {', '.join(VALIDITY_RULES)}")
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         if self.options["prompt"] == "reference":
             return build_reference_prompt(goal, history, observation, list(admissible or []), step, history_k)
@@ -128,9 +114,7 @@ class AlfWorld(Family):
         return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
 
     def analyse_failure(self, traj, max_steps: int):
-        from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
-
-        return heuristic_analyse(traj, max_steps)
+        return heuristic.analyse(traj, max_steps)
 
     def abstract_goal(self, goal: str, task_type: str) -> str:
         return goals.abstract_goal(goal, task_type)

@@ -17,9 +17,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
 from roleagent_jax.envs.alfworld.goals import APPLIANCE_OF_TRANSFORM, GoalSpec, parse_goal, pattern_name
-from roleagent_jax.types import Trajectory
+from roleagent_jax.envs.rules import Hit, analyse_by_rules
+from roleagent_jax.types import UNKNOWN, FailureReport, Trajectory
 
 _GO = re.compile(r"^go to (.+)$")
 _TAKE = re.compile(r"^take (.+?) from (.+)$")
@@ -99,10 +99,7 @@ def _facts(traj: Trajectory, max_steps: int) -> _Facts:
     )  # fmt: skip
 
 
-_Hit = tuple[int | None, str]  # (critical step, detail)
-
-
-def _format_error(f: _Facts, share: float = 0.5, run: int = 5) -> _Hit | None:
+def _format_error(f: _Facts, share: float = 0.5, run: int = 5) -> Hit | None:
     """No parsable action in at least `share` of the responses, or in `run` responses in a row."""
     bad = [e.step for e in f.events if e.action is None]
     if not bad:
@@ -119,12 +116,12 @@ def _format_error(f: _Facts, share: float = 0.5, run: int = 5) -> _Hit | None:
     return None
 
 
-def _some_format_error(f: _Facts) -> _Hit | None:
+def _some_format_error(f: _Facts) -> Hit | None:
     """The fallback: any unparsable response, when nothing else explains the failure."""
     return _format_error(f, share=0.0, run=1)
 
 
-def _mostly_refused(f: _Facts) -> _Hit | None:
+def _mostly_refused(f: _Facts) -> Hit | None:
     """The fallback for a policy that keeps writing commands the room does not take, all different."""
     refused = [e.step for e in f.events if e.action and e.failed]
     if refused and len(refused) >= 0.5 * len(f.events):
@@ -139,7 +136,7 @@ def _arguments(action: str) -> list[str]:
     return []
 
 
-def _absent_entity(f: _Facts) -> _Hit | None:
+def _absent_entity(f: _Facts) -> Hit | None:
     """A refused command naming an object or receptacle that nothing in the episode ever showed (only
     judged when the steps recorded their admissible commands, which list every receptacle of the room;
     the kinds the goal names count as present)."""
@@ -160,7 +157,7 @@ def _prepared(f: _Facts, entity: str, before: int) -> bool:
     return verb is None or any(v == verb and e == entity and s < before for s, v, e, _ in f.xforms)
 
 
-def _missing_precondition(f: _Facts) -> _Hit | None:
+def _missing_precondition(f: _Facts) -> Hit | None:
     g = f.goal
     if g.transform and g.obj and g.recep:
         for s, ent, rec in f.puts:
@@ -173,7 +170,7 @@ def _missing_precondition(f: _Facts) -> _Hit | None:
     return None
 
 
-def _entity_confusion(f: _Facts) -> _Hit | None:
+def _entity_confusion(f: _Facts) -> Hit | None:
     if hit := _absent_entity(f):
         return hit
     g = f.goal
@@ -195,7 +192,7 @@ def _entity_confusion(f: _Facts) -> _Hit | None:
     return None
 
 
-def _wrong_receptacle(f: _Facts) -> _Hit | None:
+def _wrong_receptacle(f: _Facts) -> Hit | None:
     """The goal object (prepared) put, or offered, to another kind of receptacle and never to the goal's."""
     g = f.goal
     if not (g.obj and g.recep):
@@ -214,7 +211,7 @@ def _wrong_receptacle(f: _Facts) -> _Hit | None:
     return None
 
 
-def _wrong_object_interaction(f: _Facts) -> _Hit | None:
+def _wrong_object_interaction(f: _Facts) -> Hit | None:
     need = f.goal.transform
     for s, verb, ent, app in f.xforms:
         if APPLIANCE_OF_TRANSFORM[verb] != _kind(app):
@@ -231,7 +228,7 @@ def _wrong_object_interaction(f: _Facts) -> _Hit | None:
     return None
 
 
-def _repeated_failed_action(f: _Facts) -> _Hit | None:
+def _repeated_failed_action(f: _Facts) -> Hit | None:
     counts = Counter(e.action for e in f.events if e.action and e.failed)
     for e in f.events:
         if e.action and e.failed and counts[e.action] >= 3:
@@ -239,7 +236,7 @@ def _repeated_failed_action(f: _Facts) -> _Hit | None:
     return None
 
 
-def _navigation_loop(f: _Facts, window: int = 6) -> _Hit | None:
+def _navigation_loop(f: _Facts, window: int = 6) -> Hit | None:
     targets = [t for _, t in f.gotos]
     for i in range(len(targets) - window + 1):
         if len(set(targets[i : i + window])) <= 2:
@@ -248,7 +245,7 @@ def _navigation_loop(f: _Facts, window: int = 6) -> _Hit | None:
     return None
 
 
-def _repetitive_exploration(f: _Facts) -> _Hit | None:
+def _repetitive_exploration(f: _Facts) -> Hit | None:
     run = 1
     for a, b in zip(f.events, f.events[1:]):
         run = run + 1 if (b.action and b.action == a.action and not b.failed) else 1
@@ -265,7 +262,7 @@ def _repetitive_exploration(f: _Facts) -> _Hit | None:
     return None
 
 
-def _premature_give_up(f: _Facts) -> _Hit | None:
+def _premature_give_up(f: _Facts) -> Hit | None:
     if f.won or f.env_failed or not f.events or len(f.events) >= f.max_steps:
         return None
     return len(f.events), f"stopped after {len(f.events)} of {f.max_steps} steps"
@@ -275,7 +272,7 @@ def _held_goal_object(f: _Facts) -> int | None:
     return next((s for s, ent in f.takes if f.goal.obj and _kind(ent) == f.goal.obj), None)
 
 
-def _exhaustive_exploration(f: _Facts) -> _Hit | None:
+def _exhaustive_exploration(f: _Facts) -> Hit | None:
     """Many places searched, yet fewer goal objects taken than the task needs (two for pick-two tasks)."""
     places = {t for _, t in f.gotos}
     if not f.goal.obj or len(places) < 6:
@@ -287,7 +284,7 @@ def _exhaustive_exploration(f: _Facts) -> _Hit | None:
     return None
 
 
-def _wrong_target_location(f: _Facts) -> _Hit | None:
+def _wrong_target_location(f: _Facts) -> Hit | None:
     g = f.goal
     s = _held_goal_object(f)
     if s is None or not g.recep:
@@ -298,7 +295,7 @@ def _wrong_target_location(f: _Facts) -> _Hit | None:
     return None
 
 
-RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
+RULES: dict[str, Callable[[_Facts], Hit | None]] = {
     "action_format_error": _format_error,
     "missing_precondition": _missing_precondition,
     "entity_confusion": _entity_confusion,
@@ -314,7 +311,7 @@ RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
 _BEFORE_GIVE_UP = list(RULES).index("premature_give_up")
 # (type, rule) in the order they are tried: a dominant format error first; mostly refused commands
 # explain stopping early; a stray unparsable answer is the last resort
-RULE_SEQUENCE: tuple[tuple[str, Callable[[_Facts], _Hit | None]], ...] = (
+RULE_SEQUENCE: tuple[tuple[str, Callable[[_Facts], Hit | None]], ...] = (
     *list(RULES.items())[:_BEFORE_GIVE_UP],
     ("repeated_failed_action", _mostly_refused),
     *list(RULES.items())[_BEFORE_GIVE_UP:],
@@ -377,28 +374,12 @@ _PREP = {
 }
 
 
-def heuristic_analyse(traj: Trajectory, max_steps: int = 50) -> FailureReport:
-    """Label a failed trajectory with the first matching rule of ``RULE_ORDER`` (``unknown`` if none)."""
+def analyse(traj: Trajectory, max_steps: int = 50) -> FailureReport:
+    """Label a failed trajectory with the first matching rule of ``RULE_SEQUENCE`` (``unknown`` if none)."""
     f = _facts(traj, max_steps)
-    ftype, hit = UNKNOWN, None
-    if not traj.won and not traj.env_failed:
-        for name, rule in RULE_SEQUENCE:
-            hit = rule(f)
-            if hit is not None:
-                ftype = name
-                break
-    step, detail = hit if hit else (None, "episode won" if traj.won else "no rule matched")
-    if traj.env_failed:
-        detail = "the environment failed; not an agent failure"
-    prep = _PREP.get(f.goal.transform or "", "hold the object before turning on the lamp")
-    lesson, query = _TEMPLATES[ftype]
-    p = pattern_name(traj.task_type)
-    return FailureReport(
-        failure_type=ftype,
-        detail=detail,
-        critical_step=step,
-        lesson=lesson.format(p=p, prep=prep),
-        query=query.format(p=p, prep=prep, verb=f.goal.transform or "lamp"),
-        raw="",
-        source="heuristic",
-    )
+    fields = {
+        "p": pattern_name(traj.task_type),
+        "prep": _PREP.get(f.goal.transform or "", "hold the object before turning on the lamp"),
+        "verb": f.goal.transform or "lamp",
+    }
+    return analyse_by_rules(RULE_SEQUENCE, f, _TEMPLATES, fields, won=traj.won, env_failed=traj.env_failed)

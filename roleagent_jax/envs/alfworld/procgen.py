@@ -43,22 +43,8 @@ UNSEEN_EVERY = 4  # one combination in four (per task type) is held out for the 
 OPENABLE = frozenset({"Cabinet", "Drawer", "Fridge", "Microwave", "Safe"})
 HEATABLE = frozenset({"Apple", "Bread", "Cup", "Egg", "Mug", "Plate", "Potato", "Tomato"})
 COOLABLE = frozenset(
-    {
-        "Apple",
-        "Bowl",
-        "Bread",
-        "Cup",
-        "Egg",
-        "Lettuce",
-        "Mug",
-        "Pan",
-        "Plate",
-        "Pot",
-        "Potato",
-        "Tomato",
-        "WineBottle",
-    }
-)
+    {"Apple", "Bowl", "Bread", "Cup", "Egg", "Lettuce", "Mug", "Pan", "Plate", "Pot", "Potato", "Tomato", "WineBottle"}
+)  # fmt: skip
 CLEANABLE = frozenset(
     {"Apple", "Bowl", "ButterKnife", "Cloth", "Cup", "DishSponge", "Egg", "Fork", "Kettle", "Knife", "Ladle",
      "Lettuce", "Mug", "Pan", "Plate", "Pot", "Potato", "SoapBar", "Spatula", "Spoon", "Tomato"}
@@ -84,17 +70,8 @@ _FOOD = ("Apple", "Bread", "Egg", "Lettuce", "Potato", "Tomato")
 _DISHES = ("Bowl", "Cup", "Mug", "Pan", "Plate", "Pot")
 _UTENSILS = ("ButterKnife", "Fork", "Knife", "Ladle", "Spatula", "Spoon")
 _KITCHEN_MISC = ("DishSponge", "Kettle", "PepperShaker", "SaltShaker", "SoapBottle", "WineBottle")
-_BATH = (
-    "Candle",
-    "Cloth",
-    "DishSponge",
-    "HandTowel",
-    "SoapBar",
-    "SoapBottle",
-    "SprayBottle",
-    "TissueBox",
-    "ToiletPaper",
-)
+_BATH = ("Candle", "Cloth", "DishSponge", "HandTowel", "SoapBar", "SoapBottle", "SprayBottle", "TissueBox",
+         "ToiletPaper")  # fmt: skip
 _DESK_SMALL = ("AlarmClock", "Book", "CD", "CellPhone", "CreditCard", "KeyChain", "Pen", "Pencil", "Watch")
 _LIVING = ("Book", "Box", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Newspaper", "RemoteControl", "Statue",
            "TissueBox", "Vase", "Watch")  # fmt: skip
@@ -130,21 +107,7 @@ ROOMS: dict[str, dict[str, tuple[str, ...]]] = {
             "WineBottle",
         ),  # fmt: skip
         "Drawer": _UTENSILS + ("DishSponge", "PepperShaker", "SaltShaker"),
-        "Fridge": (
-            "Apple",
-            "Bowl",
-            "Bread",
-            "Cup",
-            "Egg",
-            "Lettuce",
-            "Mug",
-            "Pan",
-            "Plate",
-            "Pot",
-            "Potato",
-            "Tomato",
-            "WineBottle",
-        ),  # fmt: skip
+        "Fridge": tuple(sorted(COOLABLE)),  # the fridge holds everything it can cool
         "Microwave": ("Apple", "Bowl", "Bread", "Cup", "Egg", "Mug", "Plate", "Potato", "Tomato"),
         "SinkBasin": (
             "Apple",

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.base import Family, Observation, Task, TaskPool
-from roleagent_jax.envs.search_qa import baselines, prompts, taxonomy
+from roleagent_jax.envs.base import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
+from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
@@ -208,34 +208,25 @@ class SearchQA(Family):
 
     # ------------------------------------------------------------------ tasks
 
-    def task_pool(
-        self,
-        split: str,
-        *,
-        data_dir: str | Path | None = None,
-        gen_dir: str | Path | None = None,
-        n: int = 0,
-        seed: int = 0,
-        options: Mapping[str, Any] | None = None,
-        on_corrupt: str = "fail",
-    ) -> TaskPool:
-        """Generated splits, or real data sets joined by "+"; with ``on_corrupt="skip"`` a data set whose
-        file cannot be read is left out with a warning naming it."""
-        opts = self.resolve_options(options)
-        if split in GEN_SPLITS:
-            return self._generated(split, n, seed, opts, gen_dir)
+    def data_tasks(self, request: PoolRequest) -> TaskPool:
+        """Real data sets joined by "+"; with ``on_corrupt="skip"`` a data set whose file cannot be read
+        is left out with a warning naming it."""
+        split, data_dir, opts = request.split, request.data_dir, request.options
         spec = self._real_retriever(opts, split)
         tasks: list[QATask] = []
         for part in split.split("+"):
             try:
                 tasks += _load_part(part.strip(), data_dir)
             except ValueError as err:
-                if on_corrupt != "skip":
+                if request.on_corrupt != "skip":
                     raise
-                warnings.warn(f"skipped {part.strip()!r}: {err}", stacklevel=2)
+                warnings.warn(f"skipped {part.strip()!r}: {err}", stacklevel=3)
         return TaskPool([_task(t, spec, opts) for t in tasks], source=f"{split} from {data_dir}")
 
-    def _generated(self, split: str, n: int, seed: int, opts: dict, gen_dir) -> TaskPool:
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        """n questions over the generated knowledge bases the options name (see the module)."""
+        split, n, seed = request.split, request.n, request.seed
+        opts, gen_dir = request.options, request.gen_dir
         if n < 1:
             raise ValueError(f"split {split!r} is generated: give the number of questions (n >= 1), got {n}")
         worlds, held_out = opts["kb_worlds"], str(opts["held_out"])
@@ -295,13 +286,7 @@ class SearchQA(Family):
     # ------------------------------------------------------------------ agent
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         if self.options["prompt"] == "reference":
             return build_reference_prompt(goal, prompts.recent_turns(history, observation, history_k), step)
@@ -339,9 +324,7 @@ class SearchQA(Family):
     # ------------------------------------------------------------------ AIW
 
     def analyse_failure(self, traj, max_steps: int):
-        from roleagent_jax.envs.search_qa.heuristic import analyse  # AIW is imported only where it runs
-
-        return analyse(traj, (), max_steps)
+        return heuristic.analyse(traj, max_steps)
 
     def abstract_goal(self, goal: str, task_type: str) -> str:
         return taxonomy.abstract_question(goal)

@@ -13,11 +13,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+from roleagent_jax.envs.rules import Hit, analyse_by_rules
 from roleagent_jax.envs.search_qa.answers import exact_match, normalize_answer
 from roleagent_jax.envs.search_qa.parser import ANSWER, SEARCH, parse_turn
 from roleagent_jax.envs.search_qa.taxonomy import SEARCH_QA_TYPES, is_multi_hop, pattern_of
-from roleagent_jax.types import Trajectory
+from roleagent_jax.types import UNKNOWN, FailureReport, Trajectory
 
 _TEMPLATES: dict[str, tuple[str, str]] = {
     "format_error": (
@@ -104,23 +104,20 @@ def _in_results(f: _Facts, text: str) -> bool:
     return bool(target) and any(target in normalize_answer(r) for _, _, r in _searches(f))
 
 
-_Hit = tuple[int | None, str]
-
-
-def _format_error(f: _Facts) -> _Hit | None:
+def _format_error(f: _Facts) -> Hit | None:
     bad = [i for i, t in enumerate(f.turns, 1) if not t.valid]
     if bad and (f.answer is None or len(bad) * 2 >= len(f.turns)):
         return bad[0], f"{len(bad)} of {len(f.turns)} turns had no valid <search> or <answer> block"
     return None
 
 
-def _no_search(f: _Facts) -> _Hit | None:
+def _no_search(f: _Facts) -> Hit | None:
     if f.answer is not None and not _searches(f):
         return f.answer_step, f"answered '{f.answer}' without searching"
     return None
 
 
-def _repeated_query(f: _Facts) -> _Hit | None:
+def _repeated_query(f: _Facts) -> Hit | None:
     seen: dict[str, int] = {}
     for i, q, _ in _searches(f):
         key = normalize_answer(q)
@@ -130,7 +127,7 @@ def _repeated_query(f: _Facts) -> _Hit | None:
     return None
 
 
-def _query_drift(f: _Facts) -> _Hit | None:
+def _query_drift(f: _Facts) -> Hit | None:
     known = _content_words(f.question)
     for i, q, result in _searches(f):
         if not _content_words(q) & known:
@@ -139,19 +136,19 @@ def _query_drift(f: _Facts) -> _Hit | None:
     return None
 
 
-def _out_of_turns(f: _Facts) -> _Hit | None:
+def _out_of_turns(f: _Facts) -> Hit | None:
     if f.answer is None and f.turns:
         return len(f.turns), f"used all {len(f.turns)} turns without answering"
     return None
 
 
-def _stopped_after_first_hop(f: _Facts) -> _Hit | None:
+def _stopped_after_first_hop(f: _Facts) -> Hit | None:
     if f.answer is not None and is_multi_hop(f.kind) and len(_searches(f)) == 1:
         return f.answer_step, "answered a multi-hop question after a single search"
     return None
 
 
-def _verbose_answer(f: _Facts) -> _Hit | None:
+def _verbose_answer(f: _Facts) -> Hit | None:
     if f.answer is None:
         return None
     words = normalize_answer(f.answer)
@@ -164,7 +161,7 @@ def _verbose_answer(f: _Facts) -> _Hit | None:
     return None
 
 
-def _wrong_entity(f: _Facts) -> _Hit | None:
+def _wrong_entity(f: _Facts) -> Hit | None:
     if f.answer is not None and _in_results(f, f.answer):
         return (
             f.answer_step,
@@ -173,13 +170,13 @@ def _wrong_entity(f: _Facts) -> _Hit | None:
     return None
 
 
-def _answer_without_evidence(f: _Facts) -> _Hit | None:
+def _answer_without_evidence(f: _Facts) -> Hit | None:
     if f.answer is not None:
         return f.answer_step, f"answered '{f.answer}', which no search result contained"
     return None
 
 
-RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
+RULES: dict[str, Callable[[_Facts], Hit | None]] = {
     "format_error": _format_error,
     "no_search": _no_search,
     "repeated_query": _repeated_query,
@@ -194,23 +191,10 @@ RULE_ORDER = tuple(RULES)
 assert set(RULES) == set(SEARCH_QA_TYPES)
 
 
-def analyse(traj: Trajectory, golds: Sequence[str] = (), max_turns: int = 4) -> FailureReport:
-    """Label a failed search-QA trajectory with the first rule of RULE_ORDER that fires (or unknown)."""
-    f = _facts(traj, golds, max_turns)
+def analyse(traj: Trajectory, max_steps: int = 4, golds: Sequence[str] = ()) -> FailureReport:
+    """Label a failed search-QA trajectory (at most `max_steps` turns) with the first rule of RULE_ORDER
+    that fires (or unknown); an answer matching `golds` counts as won."""
+    f = _facts(traj, golds, max_steps)
     won = traj.won or (f.answer is not None and bool(golds) and exact_match(f.answer, golds) == 1.0)
-    ftype, hit = UNKNOWN, None
-    if not won and not traj.env_failed:
-        for name in RULE_ORDER:
-            hit = RULES[name](f)
-            if hit is not None:
-                ftype = name
-                break
-    step, detail = hit if hit else (None, "episode won" if won else "no rule matched")
-    if traj.env_failed:
-        detail = "the environment failed; not an agent failure"
-    lesson, query = _TEMPLATES[ftype]
-    p = pattern_of(traj.task_type)
-    return FailureReport(
-        failure_type=ftype, detail=detail, critical_step=step, lesson=lesson.format(p=p),
-        query=query.format(p=p), raw="", source="heuristic",
-    )  # fmt: skip
+    fields = {"p": pattern_of(traj.task_type)}
+    return analyse_by_rules(RULES.items(), f, _TEMPLATES, fields, won=won, env_failed=traj.env_failed)

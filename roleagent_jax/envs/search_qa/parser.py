@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass
 
 SEARCH, ANSWER = "search", "answer"
-ACTION_STOPS = ("</search>", "</answer>")
 MAX_QUERY_CHARS = 300
 MAX_ANSWER_CHARS = 200
 _BLOCK = re.compile(r"<\s*(search|answer)\s*>(.*?)<\s*/\s*\1\s*>", re.IGNORECASE | re.DOTALL)

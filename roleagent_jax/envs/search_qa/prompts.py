@@ -15,18 +15,13 @@ from collections.abc import Sequence
 from roleagent_jax.envs.base import PredictorFraming
 from roleagent_jax.envs.search_qa.engine import question_observation
 from roleagent_jax.envs.search_qa.parser import parse_turn
+from roleagent_jax.envs.text import clip_text
 
 RULES = (
     "Answer the question. Reason briefly in <think>...</think>. If you lack a fact, search with "
     "<search>query</search>; results come back in <information>...</information>. When you know the "
     "answer, give it in <answer>...</answer>, a few words only."
 )
-
-
-def _clip(text: str, n: int) -> str:
-    """`text` with whitespace collapsed, cut to `n` characters when n > 0."""
-    text = " ".join(text.split())
-    return text if n <= 0 or len(text) <= n else text[: n - 3] + "..."
 
 
 def recent_turns(history: Sequence[tuple[str, str]], observation: str, k: int) -> list[tuple[str, str]]:
@@ -49,8 +44,8 @@ def build_agent_prompt(
     lines = [RULES, question_observation(question), f"Turn {step + 1}."]
     for action, result in recent_turns(history, observation, k):
         turn = parse_turn(action)
-        lines.append(turn.action if turn.valid else _clip(action, 80) or "(no action)")
-        lines.append(_clip(result, passage_chars))
+        lines.append(turn.action if turn.valid else clip_text(action, 80) or "(no action)")
+        lines.append(clip_text(result, passage_chars))
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ import hashlib
 import random
 from collections.abc import Callable
 
-from roleagent_jax.envs.search_qa.kb import WORK_KINDS, KBSize, KnowledgeBase, fact, generate_kb
+from roleagent_jax.envs.search_qa.kb import WORK_KINDS, KnowledgeBase, fact
 from roleagent_jax.envs.search_qa.tasks import QATask
 
 KINDS = ("single_hop", "bridge", "bridge3", "comparison")
@@ -193,17 +193,3 @@ def _balanced(kb: KnowledgeBase, question: str, plan: tuple, i: int) -> tuple[st
         return question, plan
     template = _COMPARISONS[(kb.entity_type(a), rel, pick)]
     return template.format(a=b, b=a), ("compare", rel, pick, b, a)
-
-
-def generated_tasks(
-    split: str,
-    n: int,
-    seed: int = 0,
-    kb_seed: int = 0,
-    size: KBSize | None = None,
-    mix: dict[str, float] | None = None,
-    held_out: str = "entities",
-) -> tuple[KnowledgeBase, list[QATask]]:
-    """The knowledge base of `kb_seed` and n questions of `split` over it, drawn with `seed`."""
-    kb = generate_kb(kb_seed, size)
-    return kb, generate_questions(kb, n, split, seed, mix, held_out)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.envs.base import Family, Task, TaskPool
+from roleagent_jax.envs.base import Admissible, Family, History, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 from roleagent_jax.envs.webshop import generate as gen
 from roleagent_jax.envs.webshop import heuristic, prompts
@@ -107,47 +107,43 @@ class WebShop(Family):
     def make_env(self, max_steps: int) -> WebShopEnv:
         return WebShopEnv(max_steps)
 
-    def task_pool(
-        self,
-        split: str,
-        *,
-        data_dir: str | Path | None = None,
-        gen_dir: str | Path | None = None,
-        n: int = 0,
-        seed: int = 0,
-        options: Mapping[str, Any] | None = None,
-        on_corrupt: str = "fail",
-    ) -> TaskPool:
-        opts = self.resolve_options(options)
+    def generated_tasks(self, request: PoolRequest) -> TaskPool:
+        """The first n goals (0: all) of the split in the generated shop of `shop_seed` (or the seed)."""
+        opts, split, n = request.options, request.split, request.n
         self.check_options(opts)
         page_size, index = int(opts["page_size"]), opts["search_index"]
-        if split in GEN_SPLITS:
-            n_products, per_product = int(opts["n_products"]), int(opts["goals_per_product"])
-            shop_seed = seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
-            name = f"shop_seed{shop_seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
-            made = gen.generate(Path(gen_dir or default_gen_dir()) / name, shop_seed, n_products, per_product)
-            folder = made.folder
-            shop = load_shop(str(folder), shop_seed, "human", index)
-            ids = _goal_ids(shop.catalogue, made.family_of, split)
-            if n > len(ids):
-                raise ValueError(
-                    f"split {split!r} of a {n_products}-product shop has {len(ids)} goals, {n} asked for; "
-                    "raise env option n_products"
-                )
-            ids = ids[: n or None]
-            session = ShopSession(shop, MAX_STEPS, page_size)
-            plans = {i: _expert_plan(session, i) for i in ids}
-            ref = GoalRef(str(folder), shop_seed, -1, page_size, "human", index)
-            return self._pool(shop.catalogue, ref, ids, plans)
-        if split in REAL_SPLITS:
-            goals = PROTOCOLS[opts["protocol"]]
-            shop = load_shop(str(data_dir_of(data_dir)), seed, goals, index)
-            ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
-            if goals == "synthetic" and split == "test":
-                ids = sorted(random.Random(PAPER_TEST_SEED).sample(ids, min(PAPER_TEST_GOALS, len(ids))))
-            ref = GoalRef(shop.catalogue.source, seed, -1, page_size, goals, index)
-            return self._pool(shop.catalogue, ref, ids, {})
-        raise ValueError(f"unknown WebShop split {split!r}; known: {', '.join(REAL_SPLITS + GEN_SPLITS)}")
+        n_products, per_product = int(opts["n_products"]), int(opts["goals_per_product"])
+        shop_seed = request.seed if int(opts["shop_seed"]) < 0 else int(opts["shop_seed"])
+        name = f"shop_seed{shop_seed}_p{n_products}" + (f"_g{per_product}" if per_product != 1 else "")
+        folder = Path(request.gen_dir or default_gen_dir()) / name
+        made = gen.generate(folder, shop_seed, n_products, per_product)
+        shop = load_shop(str(made.folder), shop_seed, "human", index)
+        ids = _goal_ids(shop.catalogue, made.family_of, split)
+        if n > len(ids):
+            raise ValueError(
+                f"split {split!r} of a {n_products}-product shop has {len(ids)} goals, {n} asked for; "
+                "raise env option n_products"
+            )
+        ids = ids[: n or None]
+        session = ShopSession(shop, MAX_STEPS, page_size)
+        plans = {i: _expert_plan(session, i) for i in ids}
+        ref = GoalRef(str(made.folder), shop_seed, -1, page_size, "human", index)
+        return self._pool(shop.catalogue, ref, ids, plans)
+
+    def data_tasks(self, request: PoolRequest) -> TaskPool:
+        """WebShop's own goals of "test" or "train" under the option `protocol` (see the module)."""
+        opts, split = request.options, request.split
+        self.check_options(opts)
+        if split not in REAL_SPLITS:
+            return super().data_tasks(request)
+        page_size, index = int(opts["page_size"]), opts["search_index"]
+        goals = PROTOCOLS[opts["protocol"]]
+        shop = load_shop(str(data_dir_of(request.data_dir)), request.seed, goals, index)
+        ids = shop.catalogue.split(split)  # all of it: a real split is never cut (evaluate's --limit)
+        if goals == "synthetic" and split == "test":
+            ids = sorted(random.Random(PAPER_TEST_SEED).sample(ids, min(PAPER_TEST_GOALS, len(ids))))
+        ref = GoalRef(shop.catalogue.source, request.seed, -1, page_size, goals, index)
+        return self._pool(shop.catalogue, ref, ids, {})
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         for key, allowed in (
@@ -178,13 +174,7 @@ class WebShop(Family):
         return TaskPool(tasks, ref.folder)
 
     def agent_prompt(
-        self,
-        goal: str,
-        history: Sequence[tuple[str, str]],
-        observation: str,
-        admissible: Sequence[str] | None,
-        step: int,
-        history_k: int,
+        self, goal: str, history: History, observation: str, admissible: Admissible, step: int, history_k: int
     ) -> str:
         chars = self.options["history_chars"]
         if self.options["prompt"] == "reference":

@@ -177,7 +177,6 @@ FAMILIES: tuple[Family, ...] = (
        {"color": ("grey", "beige", "blue", "red", "green", "black"), "size": ("2x3", "5x7", "8x10")},
        (25, 160), True),
 )  # fmt: skip
-FAMILY = {f.key: f for f in FAMILIES}
 CATEGORIES = ("fashion", "beauty", "electronics", "food", "furniture")
 
 _SYLLABLES = (

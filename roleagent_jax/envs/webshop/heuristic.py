@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from roleagent_jax.aiw.taxonomy import UNKNOWN, FailureReport
+from roleagent_jax.envs.rules import Hit, analyse_by_rules
 from roleagent_jax.envs.webshop.engine import (
     BACK_TO_SEARCH,
     BUY_NOW,
@@ -23,8 +23,8 @@ from roleagent_jax.envs.webshop.engine import (
     goal_words,
     split_action,
 )
-from roleagent_jax.envs.webshop.taxonomy import lesson_and_query
-from roleagent_jax.types import Trajectory
+from roleagent_jax.envs.webshop.taxonomy import LESSONS
+from roleagent_jax.types import FailureReport, Trajectory
 
 _DETAIL = re.compile(
     r"product type: ([\d.]+).*?attributes matched: (\d+)/(\d+).*?options matched: (\d+)/(\d+).*?"
@@ -94,10 +94,7 @@ def _facts(traj: Trajectory, max_steps: int) -> _Facts:
     return f
 
 
-_Hit = tuple[int | None, str]
-
-
-def _format_error(f: _Facts) -> _Hit | None:
+def _format_error(f: _Facts) -> Hit | None:
     bad = f.invalid
     if not bad:
         return None
@@ -112,7 +109,7 @@ def _format_error(f: _Facts) -> _Hit | None:
     return None
 
 
-def _no_search(f: _Facts) -> _Hit | None:
+def _no_search(f: _Facts) -> Hit | None:
     if f.searches or f.buy_step is not None:
         return None
     return 1, "never searched"
@@ -122,7 +119,7 @@ def _overlap(f: _Facts, keywords: str) -> float:
     return len(set(content_words(keywords)) & f.goal_words) / max(len(f.goal_words), 1)
 
 
-def _wrong_search_terms(f: _Facts) -> _Hit | None:
+def _wrong_search_terms(f: _Facts) -> Hit | None:
     if not f.searches or (f.details is not None and f.details[0] >= 1.0):
         return None
     best = max(f.searches, key=lambda s: _overlap(f, s[1]))
@@ -132,21 +129,21 @@ def _wrong_search_terms(f: _Facts) -> _Hit | None:
     return None
 
 
-def _wrong_item(f: _Facts) -> _Hit | None:
+def _wrong_item(f: _Facts) -> Hit | None:
     if f.details is None or f.details[0] >= 1.0:
         return None
     step = f.opened[-1][0] if f.opened else f.buy_step
     return step, f"bought a product of another type (type score {f.details[0]})"
 
 
-def _missing_attribute(f: _Facts) -> _Hit | None:
+def _missing_attribute(f: _Facts) -> Hit | None:
     if f.details is None or f.details[1] >= f.details[2]:
         return None
     step = f.opened[-1][0] if f.opened else f.buy_step
     return step, f"the product bought has {f.details[1]} of the {f.details[2]} attributes asked for"
 
 
-def _options(f: _Facts, chosen_enough: bool) -> _Hit | None:
+def _options(f: _Facts, chosen_enough: bool) -> Hit | None:
     if f.details is None or f.details[3] >= f.details[4]:
         return None
     enough = len({a for _, a in f.option_clicks}) >= f.details[4]
@@ -158,20 +155,20 @@ def _options(f: _Facts, chosen_enough: bool) -> _Hit | None:
     return f.buy_step, f"bought after choosing {len(f.option_clicks)} of {f.details[4]} options"
 
 
-def _over_budget(f: _Facts) -> _Hit | None:
+def _over_budget(f: _Facts) -> Hit | None:
     if f.details is None or f.details[5]:
         return None
     step = f.opened[-1][0] if f.opened else f.buy_step
     return step, "bought above the price limit"
 
 
-def _paging_loop(f: _Facts) -> _Hit | None:
+def _paging_loop(f: _Facts) -> Hit | None:
     if f.buy_step is not None or len(f.page_turns) < 4:
         return None
     return f.page_turns[0], f"turned result pages {len(f.page_turns)} times"
 
 
-def _item_hopping(f: _Facts) -> _Hit | None:
+def _item_hopping(f: _Facts) -> Hit | None:
     if f.buy_step is not None:
         return None
     distinct = len({a for _, a in f.opened})
@@ -182,13 +179,13 @@ def _item_hopping(f: _Facts) -> _Hit | None:
     return None
 
 
-def _never_bought(f: _Facts) -> _Hit | None:
+def _never_bought(f: _Facts) -> Hit | None:
     if f.buy_step is not None:
         return None
     return f.n_steps, f"no purchase in {f.n_steps} of {f.max_steps} steps"
 
 
-RULES: dict[str, Callable[[_Facts], _Hit | None]] = {
+RULES: dict[str, Callable[[_Facts], Hit | None]] = {
     "action_format_error": _format_error,
     "no_search": _no_search,
     "wrong_search_terms": _wrong_search_terms,
@@ -210,24 +207,11 @@ def pattern_name(task_type: str) -> str:
 
 def analyse(traj: Trajectory, max_steps: int = 15) -> FailureReport:
     """Label a failed trajectory with the first matching rule of RULE_ORDER (``unknown`` if none)."""
-    ftype, hit = UNKNOWN, None
-    if not traj.won and not traj.env_failed:
-        f = _facts(traj, max_steps)
-        for name in RULE_ORDER:
-            hit = RULES[name](f)
-            if hit is not None:
-                ftype = name
-                break
-    step, detail = hit if hit else (None, "episode won" if traj.won else "no rule matched")
-    if traj.env_failed:
-        detail = "the environment failed; not an agent failure"
-    lesson, query = lesson_and_query(ftype, pattern_name(traj.task_type))
-    return FailureReport(
-        failure_type=ftype,
-        detail=detail,
-        critical_step=step,
-        lesson=lesson,
-        query=query,
-        raw="",
-        source="heuristic",
+    return analyse_by_rules(
+        RULES.items(),
+        _facts(traj, max_steps),
+        LESSONS,
+        {"p": pattern_name(traj.task_type)},
+        won=traj.won,
+        env_failed=traj.env_failed,
     )

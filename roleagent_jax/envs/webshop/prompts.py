@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from roleagent_jax.envs.base import PredictorFraming
-from roleagent_jax.envs.text import action_block, history_lines, matching_command, normalize_action
+from roleagent_jax.envs.base import Admissible, History, PredictorFraming
+from roleagent_jax.envs.text import action_block, clip_text, history_lines, matching_command, normalize_action
 from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
 
 ACTION_STOP = "</action>"
@@ -22,16 +22,11 @@ PREDICTOR_FRAMING = PredictorFraming(
 )
 
 
-def _clip(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if n <= 0 or len(text) <= n else text[: n - 3] + "..."
-
-
 def build_agent_prompt(
     goal: str,
-    history: Sequence[tuple[str, str]],
+    history: History,
     observation: str,
-    admissible: Sequence[str] | None,
+    admissible: Admissible,
     step: int,
     k: int = 2,
     history_chars: int = 0,
@@ -43,7 +38,7 @@ def build_agent_prompt(
         f"Instruction: {goal}",
     ]
     recent = list(history)[-k:] if k > 0 else []
-    lines += history_lines(recent, step, lambda obs: _clip(obs, history_chars))
+    lines += history_lines(recent, step, lambda obs: clip_text(obs, history_chars))
     lines.append(f"Page: {' '.join(observation.split())}")
     if admissible is not None:
         lines.append("Actions: " + " | ".join(admissible))

@@ -9,8 +9,7 @@ published numbers were measured on it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from roleagent_jax.envs.base import Admissible, History
 from roleagent_jax.envs.text import observation_action_lines
 from roleagent_jax.envs.webshop.engine import SEP
 
@@ -47,13 +46,7 @@ def quoted_page(page: str, chars: int = 0) -> str:
 
 
 def build_reference_prompt(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    page: str,
-    available: Sequence[str] | None,
-    step: int,
-    k: int,
-    history_chars: int = 0,
+    goal: str, history: History, page: str, available: Admissible, step: int, k: int, history_chars: int = 0
 ) -> str:
     """The prompt at `step` (0-based): the first-step form when there is no history to show, else the
     template with the last `k` (page, action) pairs, their pages cut to `history_chars` when > 0."""

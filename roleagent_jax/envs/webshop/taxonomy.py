@@ -7,6 +7,8 @@ never buys (lost in paging, hopping between items, or just out of steps).
 
 from __future__ import annotations
 
+from roleagent_jax.types import UNKNOWN
+
 FAILURE_TYPES: dict[str, str] = {
     "action_format_error": "answers without a valid search[...] or click[...] action in the required format",
     "no_search": "never searched, so no product was ever listed",
@@ -55,7 +57,8 @@ FAILURE_KEYWORDS: tuple[tuple[str, str], ...] = (
     ("out_of_steps", "never_bought"),
 )
 
-_LESSONS: dict[str, tuple[str, str]] = {
+# type -> (lesson, query) templates; {p} is the task pattern, never the product
+LESSONS: dict[str, tuple[str, str]] = {
     "action_format_error": (
         "In {p} tasks, always answer with one search[...] or click[...] action inside the action tags.",
         "{p}: invalid action format",
@@ -100,14 +103,8 @@ _LESSONS: dict[str, tuple[str, str]] = {
         "In {p} tasks, keep the step budget in mind and click Buy Now once the product matches.",
         "{p}: never clicked Buy Now",
     ),
+    UNKNOWN: (
+        "In {p} tasks, search, open the matching product, choose its options and buy.",
+        "{p}: failed",
+    ),
 }
-UNKNOWN_LESSON = (
-    "In {p} tasks, search, open the matching product, choose its options and buy.",
-    "{p}: failed",
-)
-
-
-def lesson_and_query(failure_type: str, pattern: str) -> tuple[str, str]:
-    """The transferable lesson and retrieval query of a type, naming the task pattern, not the product."""
-    lesson, query = _LESSONS.get(failure_type, UNKNOWN_LESSON)
-    return lesson.format(p=pattern), query.format(p=pattern)
