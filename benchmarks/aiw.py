@@ -34,7 +34,7 @@ from roleagent_jax.aiw.taxonomy import UNKNOWN
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
 from roleagent_jax.envs.alfworld.faulty import play_faulty
-from roleagent_jax.envs.alfworld.heuristic import heuristic_analyse
+from roleagent_jax.envs.alfworld.heuristic import analyse
 from roleagent_jax.envs.alfworld.procgen import generated_pool
 from roleagent_jax.envs.alfworld.taxonomy import FAILURE_TYPES
 
@@ -96,7 +96,7 @@ def main() -> None:
     family = get_family("alfworld")
     labelled = play_faulty(family, pool, AlfWorldEnv(args.max_steps), max_steps=args.max_steps)
     truth = [label for _, _, label in labelled]
-    pred = [heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
+    pred = [analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
     seconds = time.perf_counter() - start
 
     observed = sorted(set(truth))
@@ -110,7 +110,8 @@ def main() -> None:
         other = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = other  # dataclasses look their module up while the file runs
         spec.loader.exec_module(other)
-        before = [other.heuristic_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
+        other_analyse = getattr(other, "analyse", None) or other.heuristic_analyse  # older files' name
+        before = [other_analyse(tr, args.max_steps).failure_type for tr, _, _ in labelled]
         old = scores(truth, before, observed)
         compare = {
             "compare_macro_precision": round(sum(r["precision"] for r in old.values()) / len(old), 4),

@@ -93,7 +93,9 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
     return pool if pool is not None else generate()
 
 
-def eval_pool(config: ConfigDict, family: Family, split: str, workdir: Path, train_pool: TaskPool) -> TaskPool:
+def eval_pool(
+    config: ConfigDict, family: Family, split: str, workdir: Path, train_pool: TaskPool
+) -> TaskPool:
     """An evaluation split's tasks: the RL pool itself for a real training split, else the split's own
     (a generated split's are held-out games)."""
     if split == config.env.train_split and split not in family.generated_splits:

@@ -103,9 +103,7 @@ class Trainer:
         self.aiw_state = aiw.AIWState(self.task_sampler, setup.failure_memory(self.workdir, resuming))
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
         if self.weights.lora:  # the checkpoint names the base its adapters belong to
-            self.host["lora_base"] = str(
-                Path(c.model.path).absolute() if c.model.path else self.workdir / "hf_init"
-            )
+            self.host["lora_base"] = str(Path(c.model.path or self.workdir / "hf_init").absolute())
         history = self._restore() if resuming else None
         self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
                                    history=history, write=self.is_main)  # fmt: skip
@@ -197,30 +195,14 @@ class Trainer:
         return self.backend.logprobs(batch, self.weights.base if self.weights.lora else self.ref_params)
 
     def _aiw(self, trajs, it: int) -> dict:
-        """The policy analyses its failures (``aiw.analyser=llm``) and chooses among the retrieval's
-        candidates (``aiw.retrieval=llm``), each role in one batched call of the rollout's sampler."""
+        """The AIW round: the policy analyses its failures and re-weights the tasks (`aiw.policy_round`)."""
         c = self.config
-        failed = [t for t in trajs if not t.won]
         gen = self.generate_fn(
             SamplingParams(temperature=0.4), jax.random.fold_in(self.state.rng, 10_000 + it)
         )
-        texts = None
-        if c.aiw.analyser == "llm" and failed:
-            requests = [
-                aiw.analysis_request(t, self.family, self.encode_prompt, c.aiw.max_tokens) for t in failed
-            ]
-            texts = [r.text for r in gen(requests)]
-
-        def choose(prompts: list[str]) -> list[str]:
-            return [
-                r.text
-                for r in gen([aiw.choice_request(p, self.encode_prompt, c.aiw.max_tokens) for p in prompts])
-            ]
-
-        reports = aiw.analyse_failures(failed, self.family, texts, max_steps=c.env.max_steps)
-        metrics = aiw.aiw_round(
-            self.aiw_state, failed, reports, self.train_pool, self.family, c.aiw, it, seed=c.seed, played=trajs,
-            choose_fn=choose if c.aiw.retrieval == "llm" else None,
+        metrics = aiw.policy_round(
+            self.aiw_state, trajs, self.train_pool, self.family, c.aiw, it, seed=c.seed, generate=gen,
+            encode=self.encode_prompt, max_steps=c.env.max_steps,
         )  # fmt: skip
         if self.is_main:  # failure-type histogram and most boosted tasks of this round
             tqdm.write(f"[iter {it + 1}] " + aiw.format_round(metrics, self.aiw_state.history[-1]))
@@ -299,9 +281,7 @@ class Trainer:
                     metrics.update(eval_metrics(split, self.evaluate(split, limit=c.eval.limit)))
             self.host["iteration"] = it + 1
             self.logger.log(it + 1, metrics, echo=not c.log.progress)
-            bar.set_postfix(
-                success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}"
-            )
+            bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")  # fmt: skip
             if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
                 self.save()
         if c.iterations == 0 and "before" in self.host["eval"]:

@@ -122,7 +122,7 @@ def aiw_round(
 
     Boosts: each failed task gets ``cfg.self_boost``, each retrieved task its similarity; per task the
     round's boosts are combined by ``cfg.aggregate`` ("max" or "sum"). Episodes the environment broke
-    (``env_failed``) are not agent failures and are skipped. ``cfg`` (configs/base.py's ``aiw``) fields
+    (``env_failed``) are not agent failures and are skipped. ``cfg`` (the config's ``aiw`` section) fields
     read: analyser, retrieval, top_k, min_sim, self_boost, aggregate, unlearnable_weight. Each boost is
     weighed by the task's learnability (``TaskSampler.learnability`` with floor ``unlearnable_weight``;
     1.0 = unweighed; a retrieved task never played takes its failed source's weight), from the success
@@ -214,6 +214,38 @@ def aiw_round(
         chosen = float(np.mean([s == "llm" for s in sources]))
         metrics.update({"aiw/choice_llm_rate": chosen, "aiw/choice_fallback_rate": 1.0 - chosen})
     return metrics
+
+
+def policy_round(
+    state: AIWState,
+    played: Sequence[Trajectory],
+    pool,
+    family: Family,
+    cfg,
+    iteration: int,
+    *,
+    seed: int,
+    generate: Callable[[list], list],
+    encode: Callable[[str], list[int]],
+    max_steps: int,
+) -> dict[str, float]:
+    """The round between two training iterations with the policy in its world roles: it analyses its
+    failed episodes (``cfg.analyser == "llm"``) and chooses among the retrieval's candidates
+    (``cfg.retrieval == "llm"``), each role in one batched call of `generate` (the rollout's sampler
+    call); then `aiw_round`. With the heuristic analyser and fuzzy retrieval no call is made."""
+    failed = [t for t in played if not t.won]
+    texts = None
+    if cfg.analyser == "llm" and failed:
+        texts = [
+            r.text for r in generate([analysis_request(t, family, encode, cfg.max_tokens) for t in failed])
+        ]
+
+    def choose(prompts: list[str]) -> list[str]:
+        return [r.text for r in generate([choice_request(p, encode, cfg.max_tokens) for p in prompts])]
+
+    reports = analyse_failures(failed, family, texts, max_steps=max_steps)
+    return aiw_round(state, failed, reports, pool, family, cfg, iteration, seed=seed, played=played,
+                     choose_fn=choose if cfg.retrieval == "llm" else None)  # fmt: skip
 
 
 def format_round(metrics: dict[str, float], history_entry: dict | None = None) -> str:

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from roleagent_jax.envs.text import MAX_ACTION_CHARS
 from roleagent_jax.types import FailureReport, Trajectory
-
-MAX_ACTION_CHARS = 200  # an unparsed response is sent to the env cut to this many characters
 
 History = Sequence[tuple[str, str]]
 """An episode's earlier (observation, action) pairs, oldest first, as the prompt builders receive them."""

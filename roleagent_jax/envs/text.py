@@ -11,12 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from roleagent_jax.envs.base import MAX_ACTION_CHARS
-
 _ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _ACTION_CLOSE = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
 _TAG = re.compile(r"<\s*/?\s*[a-zA-Z_]+\s*>")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
+MAX_ACTION_CHARS = 200  # an action longer than this is not one; an unparsed response is sent cut to it
 VALIDITY_RULES = ("format", "available")  # the reference runs' rule | the action must be available
 
 

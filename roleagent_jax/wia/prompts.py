@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from roleagent_jax.envs.text import clip_text
+
 PREDICT_STOP = "</predict>"  # ends a predictor answer: "<obs1>...</obs1> ... </predict>"
 INLINE_STOP = "</predict_next>"  # inline mode: the agent's answer ends after its prediction
 
@@ -18,11 +20,6 @@ _WS = re.compile(r"\s+")
 def inline_instruction(action_stop: str) -> str:
     """WIA inline mode: after its action the agent writes the observation it expects next."""
     return f"\nAfter {action_stop}, write the observation you expect next inside <predict_next>...</predict_next>."
-
-
-def _clip(text: str, n: int) -> str:
-    text = _WS.sub(" ", text).strip()
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def build_predictor_prompt(
@@ -46,13 +43,13 @@ def build_predictor_prompt(
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")
     reply, replies = framing.reply, framing.replies
-    lines = [framing.intro, f"Task: {_clip(goal, 160)}"]
+    lines = [framing.intro, f"Task: {clip_text(goal, 160)}"]
     recent = list(history)[-history_k:] if history_k > 0 else []
     for obs, act in recent:
-        lines.append(f"Seen: {_clip(obs, obs_chars)}")
-        lines.append(f"Did: {_clip(act, 80)}")
-    lines.append(f"Now: {_clip(observation, obs_chars)}")
-    lines.append(f"Action: {_clip(action, 80)}")
+        lines.append(f"Seen: {clip_text(obs, obs_chars)}")
+        lines.append(f"Did: {clip_text(act, 80)}")
+    lines.append(f"Now: {clip_text(observation, obs_chars)}")
+    lines.append(f"Action: {clip_text(action, 80)}")
     if horizon == 1:
         lines.append(f"Write {reply} to this action as <obs1>...</obs1> then " + PREDICT_STOP)
     else:
