@@ -277,3 +277,33 @@ def test_round_reports_the_models_own_analyses_and_choices(tmp_path):
     assert (m["aiw/choice_llm_rate"], m["aiw/choice_fallback_rate"]) == (0.5, 0.5)
     quiet = aiw_round(state, failed, reports, pool, ALFWORLD, Cfg, 1, seed=0)  # heuristic + fuzzy
     assert not any(k.startswith(("aiw/analyst_", "aiw/choice_")) for k in quiet)
+
+
+def test_policy_round_asks_the_policy_in_one_call_per_role(tmp_path):
+    """With the LLM analyser and chooser the round makes one generate call for every failed episode's
+    analysis and one for the choices; an answer it cannot use falls back to the family's heuristic."""
+    from roleagent_jax.aiw import policy_round
+    from roleagent_jax.sampling import SampleResult
+
+    class LLMCfg(Cfg):
+        analyser, retrieval, max_tokens = "llm", "llm", 64
+
+    pool = make_pool(per_type=2)
+    played = [failed_episode(t, pool.task_types[t], pool.goals[t], variant=t) for t in (0, 4, 8)]
+    played.append(
+        SimpleNamespace(**{**vars(failed_episode(1, pool.task_types[1], pool.goals[1])), "won": True})
+    )
+    calls = []
+
+    def generate(requests):
+        calls.append([r.role for r in requests])
+        return [SampleResult([1], [0.0], "no idea", "stop", r.role) for r in requests]
+
+    state = AIWState(TaskSampler(len(pool), seed=0), FailureMemory(tmp_path / "failures.jsonl"))
+    metrics = policy_round(state, played, pool, ALFWORLD, LLMCfg, 0, seed=0, generate=generate,
+                           encode=lambda text: [len(text)], max_steps=50)  # fmt: skip
+    assert calls[0] == ["analyst"] * 3  # the won episode is not analysed
+    assert all(roles and set(roles) <= {"chooser"} for roles in calls[1:])
+    assert len(state.memory) == 3 and metrics["aiw/n_failed"] == 3
+    heuristic = [analyse(t).failure_type for t in played[:3]]
+    assert [r["failure_type"] for r in state.memory.records] == heuristic  # unusable answers fell back
