@@ -290,9 +290,8 @@ def test_policy_round_asks_the_policy_in_one_call_per_role(tmp_path):
 
     pool = make_pool(per_type=2)
     played = [failed_episode(t, pool.task_types[t], pool.goals[t], variant=t) for t in (0, 4, 8)]
-    played.append(
-        SimpleNamespace(**{**vars(failed_episode(1, pool.task_types[1], pool.goals[1])), "won": True})
-    )
+    played.append(failed_episode(1, pool.task_types[1], pool.goals[1]))
+    played[-1].won = True
     calls = []
 
     def generate(requests):
