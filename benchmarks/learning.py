@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.common import DEMO_CONFIGS, demo_config, mean_se  # noqa: E402
+from benchmarks.common import DEMO_CONFIGS, demo_config, mean_se, print_json  # noqa: E402
 from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
@@ -174,17 +174,15 @@ def main() -> None:
         )
     out = {name: {s: mean_se(v) for s, v in row.items()} for name, row in table.items()}
     per_seed = {name: {s: [float(x) for x in v] for s, v in row.items()} for name, row in table.items()}
-    print(
-        json.dumps(
-            {
-                "bench": "learning",
-                "env": args.env,
-                "seeds": args.seeds,
-                "success_mean_se": out,
-                "success_per_seed": per_seed,
-                "wall_s": time.perf_counter() - start,
-            }
-        )
+    print_json(
+        {
+            "bench": "learning",
+            "env": args.env,
+            "seeds": args.seeds,
+            "success_mean_se": out,
+            "success_per_seed": per_seed,
+            "wall_s": time.perf_counter() - start,
+        }
     )
 
 

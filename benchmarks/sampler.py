@@ -126,6 +126,15 @@ def timed_ours(run, repeats: int) -> tuple[float, float, float, list]:
     return wall, cpu, max(0.0, first - wall), out
 
 
+def print_rates(*sides: tuple[str, float, float, float, str]) -> None:
+    """One aligned line per side: (name, wall s, CPU s, generated tok/s, note)."""
+    width = max(len(name) for name, *_ in sides) + 1
+    for name, wall, cpu, tps, note in sides:
+        print(
+            f"  {name + ':':{width}s} {wall:.2f} s wall, {cpu:.2f} s CPU  {tps:8.1f} generated tok/s  ({note})"
+        )
+
+
 def plain_workload(args, sampler_for, params, hf) -> dict:
     from roleagent_jax.sampling import SampleRequest, SamplingParams
 
@@ -147,11 +156,9 @@ def plain_workload(args, sampler_for, params, hf) -> dict:
     flops = generation_flops(args.hf_config, args.batch, args.prompt, args.new)
     ours_tps, torch_tps = generated / ours, generated / torch_s
     print(f"[plain] batch {args.batch}, prompt {args.prompt}, {args.new} new")
-    print(
-        f"  ours:  {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
-    )
-    print(
-        f"  torch: {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
+    print_rates(
+        ("ours", ours, ours_cpu, ours_tps, f"compile {compile_s:.1f} s"),
+        ("torch", torch_s, torch_cpu, torch_tps, f"{torch_threads} thread(s)"),
     )
     print(
         f"  work {flops / 1e9:.1f} GFLOP; matmul limit {limit / 1e9:.1f} GFLOP/s = {generated * limit / flops:.0f} tok/s"
@@ -217,14 +224,10 @@ def group_workload(args, sampler_for, params, hf) -> dict:
         f"{args.new} new; layout {layout.groups} groups x {layout.rows_per_group} rows, prefix bucket "
         f"{layout.prefix_bucket}, suffix bucket {layout.suffix_bucket}"
     )
-    print(
-        f"  ours:     {ours:.2f} s wall, {ours_cpu:.2f} s CPU  {ours_tps:8.1f} generated tok/s  (compile {compile_s:.1f} s)"
-    )
-    print(
-        f"  unshared: {unshared:.2f} s wall, {unshared_cpu:.2f} s CPU  {unshared_tps:8.1f} generated tok/s  (same rows, no groups)"
-    )
-    print(
-        f"  torch:    {torch_s:.2f} s wall, {torch_cpu:.2f} s CPU  {torch_tps:8.1f} generated tok/s  ({torch_threads} thread(s))"
+    print_rates(
+        ("ours", ours, ours_cpu, ours_tps, f"compile {compile_s:.1f} s"),
+        ("unshared", unshared, unshared_cpu, unshared_tps, "same rows, no groups"),
+        ("torch", torch_s, torch_cpu, torch_tps, f"{torch_threads} thread(s)"),
     )
     return {
         "tokens_per_s": round(ours_tps, 1),

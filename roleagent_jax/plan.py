@@ -28,26 +28,67 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec as P
 
-from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
-from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
-from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
-from roleagent_jax.models.presets import BUILTIN_MODELS, MODEL_NAMES
-from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
-from roleagent_jax.sampling.sampler import BATCH_BUCKETS, PROMPT_BUCKETS, capped_batch_buckets
-from roleagent_jax.sharding import AXES, spec_for
+from roleagent_jax.memory_plan import (
+    GIB,
+    USABLE_FRACTION,
+    Plan,
+    Workload,
+    abstract_lora,
+    abstract_mesh,
+    abstract_opt_state,
+    abstract_params,
+    activation_bytes,
+    device_bytes,
+    kv_cache_bytes,
+    logprob_bytes,
+    make_plan,
+    parse_mesh,
+    prefill_bytes,
+    rollout_layout,
+    tree_bytes,
+)
+from roleagent_jax.models import BUILTIN_MODELS, MODEL_NAMES, Qwen2Config, Qwen2ForCausalLM, init_config
+from roleagent_jax.sampling.sampler import BATCH_BUCKETS
+from roleagent_jax.train_step import make_optimizer
 
-GIB = 1024**3
+__all__ = [
+    "BUILTIN_MODELS",
+    "CHIP_HBM_GB",
+    "GIB",
+    "USABLE_FRACTION",
+    "Plan",
+    "Workload",
+    "abstract_lora",
+    "abstract_mesh",
+    "abstract_opt_state",
+    "abstract_params",
+    "activation_bytes",
+    "advise",
+    "device_bytes",
+    "format_table",
+    "kv_cache_bytes",
+    "logprob_bytes",
+    "loss_settings",
+    "make_plan",
+    "model_config",
+    "parse_mesh",
+    "plan_from_config",
+    "prefill_bytes",
+    "rollout_layout",
+    "tree_bytes",
+    "xla_train_memory",
+]
+
 
 # HBM per chip (GiB) of the accelerators users run on; --hbm-gb overrides.
 CHIP_HBM_GB: dict[str, float] = {
@@ -61,27 +102,6 @@ CHIP_HBM_GB: dict[str, float] = {
     "h100": 80,
     "h200": 141,
 }
-# Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.
-USABLE_FRACTION = 0.9
-
-
-# ---------------------------------------------------------------------------------------------- inputs
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``"data:1,fsdp:8,tensor:1"`` -> sizes of the three mesh axes (missing axes are 1)."""
-    sizes = dict.fromkeys(AXES, 1)
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition(":")
-        if not sep or name not in sizes or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"bad mesh {text!r}: use e.g. data:1,fsdp:8,tensor:1 (axes {', '.join(AXES)})")
-        sizes[name] = int(value)
-    return sizes
-
-
-def abstract_mesh(sizes: dict[str, int]) -> jax.sharding.AbstractMesh:
-    """A device-free mesh of the given axis sizes (enough for partition rules and sizes)."""
-    return jax.sharding.AbstractMesh(tuple(sizes[a] for a in AXES), AXES)
 
 
 def model_config(model: str, config: Any, param_dtype: str | None = None) -> tuple[Qwen2Config, str]:
@@ -93,10 +113,10 @@ def model_config(model: str, config: Any, param_dtype: str | None = None) -> tup
     ``config.model.param_dtype``.
     """
     m = config.model
-    overrides = dict(dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
+    settings = dict(dtype=m.dtype, remat=m.remat, scan_layers=m.scan_layers)
     key = model.lower()
     if key in BUILTIN_MODELS:
-        cfg, label, pdt = BUILTIN_MODELS[key], MODEL_NAMES[key], m.dtype
+        fields, label = BUILTIN_MODELS[key], MODEL_NAMES[key]
     elif model or m.path:
         path = Path(model or m.path)
         file = path / "config.json" if path.is_dir() else path
@@ -104,421 +124,15 @@ def model_config(model: str, config: Any, param_dtype: str | None = None) -> tup
             raise FileNotFoundError(
                 f"no config.json at {file}: pass --model=135m|0.5b|1.5b|7b, a config.json or a checkpoint directory"
             )
-        cfg, label, pdt = json.loads(file.read_text()), str(path), m.dtype
+        fields, label = json.loads(file.read_text()), str(path)
     else:
         vocab = int(config.tokenizer.train_vocab_size)
-        cfg = dict(m.init.to_dict(), vocab_size=vocab, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
-        label, pdt = f"random init (config.model.init, vocab {vocab})", m.param_dtype
-    return Qwen2Config.from_hf(cfg, param_dtype=param_dtype or pdt, **overrides), label
+        cfg = init_config(m.init.to_dict(), vocab, param_dtype=param_dtype or m.param_dtype, **settings)
+        return cfg, f"random init (config.model.init, vocab {vocab})"
+    return Qwen2Config.from_hf(fields, param_dtype=param_dtype or m.dtype, **settings), label
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """The shapes a run pushes through the devices, read from the trainer config."""
-
-    rollout_rows: int  # rows in one sampler call (agent + predictor prompts)
-    prompt_len: int  # prompt bucket of that call
-    cache_len: int  # KV slots per row: prompt bucket + new tokens
-    micro_batch_rows: int  # rows per gradient micro-batch
-    mini_batch_rows: int
-    seq_len: int  # training row length (prompt + response)
-    kl: bool  # a frozen reference model is kept
-    remat: bool
-    optimizer: dict
-    prompt_tokens: int = 0  # longest prompt (max_prompt_tokens)
-    task_groups: int = 0  # rollout groups (tasks) in a call
-    group_size: int = 0  # agent rows per group
-    predictor_rows: int = 0  # WIA predictor rows per group
-    shared_prefix: int = 0  # prompt tokens the rows of a group share (0: plan the plain layout)
-    lora_rank: int = 0  # adapters' rank (0: full fine-tuning)
-    lora_targets: tuple[str, ...] = ()
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        micro_batch_rows: int | None = None,
-        remat: bool | None = None,
-        shared_prefix: int = 0,
-        lora_rank: int | None = None,
-    ) -> Workload:
-        r, c = config.rollout, config
-        if not 0 <= shared_prefix < r.max_prompt_tokens:
-            raise ValueError(
-                f"shared prefix tokens must be in [0, max_prompt_tokens={r.max_prompt_tokens}), got {shared_prefix}"
-            )
-        rows = r.tasks_per_iter * r.group_size
-        wia_mode = "off" if c.algo in ("grpo", "gigpo") else c.wia.mode
-        predictors = math.ceil(r.group_size * c.wia.fraction) if wia_mode == "separate" else 0
-        if wia_mode == "separate":
-            rows += math.ceil(rows * c.wia.fraction)  # predictor prompts ride in the same call
-        buckets = capped_batch_buckets(r.max_rows_per_call)  # one call holds at most the largest
-        rows = next(b for b in buckets if b >= min(rows, buckets[-1]))
-        prompt = next((b for b in PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
-        new = max(r.max_response_tokens, c.wia.max_tokens if wia_mode == "separate" else 0)
-        kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
-        opt = dict(
-            lr=c.optim.lr,
-            weight_decay=c.optim.weight_decay,
-            grad_clip=c.optim.grad_clip,
-            warmup_steps=c.optim.warmup_steps,
-            schedule=c.optim.schedule,
-            total_steps=max(c.iterations, 1),
-        )
-        return cls(
-            rollout_rows=rows,
-            prompt_len=prompt,
-            cache_len=prompt + new,
-            micro_batch_rows=micro_batch_rows or c.train.micro_batch_rows,
-            mini_batch_rows=c.train.mini_batch_rows,
-            seq_len=r.max_prompt_tokens + r.max_response_tokens,
-            kl=kl,
-            remat=c.model.remat if remat is None else remat,
-            optimizer=opt,
-            prompt_tokens=r.max_prompt_tokens,
-            task_groups=r.tasks_per_iter,
-            group_size=r.group_size,
-            predictor_rows=predictors,
-            shared_prefix=shared_prefix,
-            lora_rank=c.lora.rank if lora_rank is None else lora_rank,
-            lora_targets=tuple(c.lora.targets),
-        )
-
-
-# ---------------------------------------------------------------------------------------------- shapes
-
-
-def abstract_params(cfg: Qwen2Config) -> nnx.State:
-    """The model's parameter state as ShapeDtypeStructs (nothing allocated)."""
-    model = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    return nnx.state(model)
-
-
-def abstract_lora(cfg: Qwen2Config, work: Workload) -> tuple[Any, nnx.State, nnx.State]:
-    """(graphdef, adapters, base) of the model with ``work``'s adapters, as ShapeDtypeStructs."""
-    lora = LoRAConfig(rank=work.lora_rank, targets=work.lora_targets or LoRAConfig().targets)
-    model = nnx.eval_shape(lambda: add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), lora, nnx.Rngs(1)))
-    return nnx.split(model, LoRAParam, ...)
-
-
-def make_optimizer(settings: dict):
-    """The trainer's optimizer (train_step.make_optimizer), or AdamW with the same settings."""
-    try:
-        from roleagent_jax.train_step import make_optimizer as project_optimizer
-    except ImportError:
-        import optax
-
-        clip = optax.clip_by_global_norm(settings["grad_clip"]) if settings["grad_clip"] else optax.identity()
-        return optax.chain(clip, optax.adamw(settings["lr"], weight_decay=settings["weight_decay"]))
-    return project_optimizer(**settings)
-
-
-def abstract_opt_state(params: Any, settings: dict) -> Any:
-    return jax.eval_shape(make_optimizer(settings).init, params)
-
-
-def tree_bytes(tree: Any) -> int:
-    """Total bytes of every array leaf (global, unsharded)."""
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
-def _path_str(path: tuple) -> str:
-    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-    return "/".join(p for p in parts if p not in ("value", "raw_value"))
-
-
-def _shard_factor(spec: P, sizes: dict[str, int]) -> int:
-    factor = 1
-    for entry in spec:
-        for name in entry if isinstance(entry, tuple) else (entry,):
-            if name is not None:
-                factor *= sizes[name]
-    return factor
-
-
-def device_bytes(tree: Any, mesh: jax.sharding.AbstractMesh, params: Any | None = None) -> int:
-    """Bytes one device holds of ``tree`` under the partition rules.
-
-    ``params`` given (optimizer state): a leaf whose path ends with a parameter's path and has its shape
-    (Adam moments) is sharded like that parameter, anything else (step counts, hyper-parameters) is
-    replicated, as the train step places them. Without ``params`` every leaf is a parameter.
-    """
-    sizes = dict(mesh.shape)
-    known: dict[str, tuple[tuple[int, ...], P]] = {}
-    if params is not None:
-        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-            name = _path_str(path)
-            known[name] = (tuple(leaf.shape), spec_for(name, tuple(leaf.shape), mesh=mesh))
-    total = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        name, shape = _path_str(path), tuple(leaf.shape)
-        if params is None:
-            spec = spec_for(name, shape, mesh=mesh)
-        else:
-            parts = name.split("/")
-            hits = (known.get("/".join(parts[i:])) for i in range(len(parts)))
-            spec = next((s for hit in hits if hit is not None and hit[0] == shape for s in [hit[1]]), P())
-        nbytes = int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
-        total += nbytes // _shard_factor(spec, sizes)
-    return total
-
-
-def rollout_layout(work: Workload, sizes: dict[str, int]) -> PrefixLayout | None:
-    """The sampler's shared-prefix layout of the rollout's largest call, or None for the plain layout.
-
-    The requests are the rollout's: each task group's agent rows and its predictor rows (their own
-    sharing group), split into calls of at most the call's row count as the sampler splits them
-    (whole groups, ``prefix.chunk_by_group``); every prompt is ``max_prompt_tokens`` long (the worst
-    case) and the rows of a group share their first ``shared_prefix`` tokens. The sampler's planner
-    then lays out the largest call as it would at run time.
-    """
-    if not work.shared_prefix:
-        return None
-    every: list[tuple[str, int]] = []
-    for g in range(work.task_groups):
-        every += [("agent", g)] * work.group_size + [("predictor", g)] * work.predictor_rows
-    keys = [every[i] for i in max(chunk_by_group(every, work.rollout_rows), key=len)]
-    rest = work.prompt_tokens - work.shared_prefix
-    prompts = []
-    for b, (role, g) in enumerate(keys):  # a group's head (negative ids), then ids no other row has
-        head = [-1 - 2 * g - (role == "predictor")] * work.shared_prefix
-        prompts.append(head + list(range(b * rest, (b + 1) * rest)))
-    return plan_layout(
-        prompts,
-        keys,
-        new_tokens=work.cache_len - work.prompt_len,
-        prompt_buckets=PROMPT_BUCKETS,
-        batch_buckets=capped_batch_buckets(work.rollout_rows),
-        row_multiple=sizes["data"] * sizes["fsdp"],
-    )
-
-
-def kv_cache_bytes(cfg: Qwen2Config, rows: int, length: int, sizes: dict[str, int]) -> tuple[int, int]:
-    """(global, per-device) bytes of one sampler call's KV cache: rows over data x fsdp, KV heads over
-    tensor when they divide (``sharding.cache_sharding``)."""
-    cache = jax.eval_shape(lambda: init_cache(cfg, rows, length))
-    total = tree_bytes(cache)
-    heads = sizes["tensor"] if cfg.num_key_value_heads % sizes["tensor"] == 0 else 1
-    return total, total // (sizes["data"] * sizes["fsdp"] * heads)
-
-
-def _per_device_rows(rows: int, sizes: dict[str, int]) -> int:
-    return math.ceil(rows / (sizes["data"] * sizes["fsdp"]))
-
-
-def activation_bytes(
-    cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int], remat: bool
-) -> dict[str, int]:
-    """Estimated per-device activation memory of one training micro-batch (forward kept for backward).
-
-    Per layer and token (compute itemsize ``b``; heads, intermediate and vocab split over ``tensor``):
-    block input, two norm outputs and the attention residual ``4h·b``; q/k/v before and after RoPE
-    ``2(n+2kv)d·b``; attention output ``nd·b``; MLP gate, up, silu(gate), product ``4i·b``; attention
-    scores, float32 probabilities and probabilities in ``b`` ``n·T·(8+b)``. Without remat every layer keeps all of that;
-    with per-layer remat only each block's input (``h·b`` per token) is kept, plus one layer's worth
-    being recomputed. Logits, their float32 softmax and its gradient add ``3·V·4`` per token.
-    """
-    b = np.dtype(cfg.dtype).itemsize
-    t = sizes["tensor"]
-    r = _per_device_rows(rows, sizes)
-    h, i, n, kv, d = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    )
-    split = (2 * (n + 2 * kv) * d + n * d + 4 * i) * b + n * seq * (8 + b)
-    per_token_layer = 4 * h * b + split / t
-    layer = r * seq * per_token_layer
-    logits = r * seq * 3 * 4 * math.ceil(cfg.vocab_size / t)
-    embed = r * seq * h * b
-    if remat:
-        layers = cfg.num_hidden_layers * r * seq * h * b + layer
-    else:
-        layers = cfg.num_hidden_layers * layer
-    return {"layers": int(layers), "logits": int(logits), "embed": int(embed), "one_layer": int(layer)}
-
-
-def logprob_bytes(cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int]) -> int:
-    """Per-device peak of the forward-only log-prob pass (old and reference log-probs): one layer's
-    activations at a time plus float32 logits and their exponentials ``2·V·4`` per token."""
-    act = activation_bytes(cfg, rows, seq, sizes, remat=True)
-    r = _per_device_rows(rows, sizes)
-    return int(act["one_layer"] + r * seq * 2 * 4 * math.ceil(cfg.vocab_size / sizes["tensor"]))
-
-
-def prefill_bytes(
-    cfg: Qwen2Config, work: Workload, sizes: dict[str, int], layout: PrefixLayout | None = None
-) -> int:
-    """Per-device transient of the sampler's prefill (one layer at a time, no backward): attention
-    scores, masked scores and probabilities ``n·P·S·(4+4+b)`` per row, plus the MLP's ``3·P·i·b``.
-    With a shared-prefix layout the larger of its two stages: each group's prefix over itself, then
-    each row's suffix over its group's prefix and its own slots."""
-    b = np.dtype(cfg.dtype).itemsize
-    n, i = cfg.num_attention_heads, cfg.intermediate_size
-
-    def stage(rows: int, p: int, s: int) -> int:
-        return int(_per_device_rows(rows, sizes) * (n * p * s * (8 + b) + 3 * p * i * b) / sizes["tensor"])
-
-    if layout is None:
-        return stage(work.rollout_rows, work.prompt_len, work.cache_len)
-    new = work.cache_len - work.prompt_len
-    own = layout.suffix_bucket
-    return max(
-        stage(layout.groups, layout.prefix_bucket, layout.prefix_bucket),
-        stage(layout.rows, own, layout.prefix_bucket + own + new),
-    )
-
-
-# ---------------------------------------------------------------------------------------------- plan
-
-
-@dataclasses.dataclass
-class Plan:
-    model: str
-    mesh: dict[str, int]
-    hbm_gb: float
-    work: Workload
-    params_total: int
-    rows: list[tuple[str, int, int, str]]  # (component, global bytes, per-device bytes, note)
-    phases: dict[str, int]  # per-device bytes at the peak of each phase
-    peak: int
-    fits: bool
-    advice: list[str] = dataclasses.field(default_factory=list)
-    xla_train: dict[str, int] | None = None  # compiled train step, per device (with --xla)
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.model,
-            "mesh": self.mesh,
-            "hbm_gb": self.hbm_gb,
-            "params": self.params_total,
-            "workload": dataclasses.asdict(self.work),
-            "components": {name: {"global_bytes": g, "device_bytes": dev} for name, g, dev, _ in self.rows},
-            "phases_device_bytes": self.phases,
-            "peak_device_bytes": self.peak,
-            "peak_device_gib": round(self.peak / GIB, 3),
-            "usable_gib": round(self.hbm_gb * USABLE_FRACTION, 3),
-            "fits": self.fits,
-            "advice": self.advice,
-        }
-
-
-def _as_f32(x: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, np.float32)
-
-
-def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workload, hbm_gb: float) -> Plan:
-    """Every component's global and per-device bytes, the per-phase peaks and whether it fits."""
-    mesh = abstract_mesh(sizes)
-    micro = max(1, work.mini_batch_rows // work.micro_batch_rows)
-    copy = (0, 0)  # LoRA: the sampler's copy of the adapted kernels, merged once per iteration
-    if work.lora_rank:
-        _, params, base = abstract_lora(cfg, work)  # the trained params are the adapters
-        b_glob, b_dev = tree_bytes(base), device_bytes(base, mesh)
-        kernels = tuple(f"{LORA_TARGETS[t][1]}/kernel" for t in work.lora_targets or LORA_TARGETS)
-        flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(base)}
-        merged = {k: v for k, v in flat.items() if k.endswith(kernels)}
-        copy = (tree_bytes(merged), device_bytes(merged, mesh))
-    else:
-        params = abstract_params(cfg)
-        b_glob = b_dev = 0
-    opt = abstract_opt_state(params, work.optimizer)
-    t_glob, t_dev = tree_bytes(params), device_bytes(params, mesh)
-    p_glob, p_dev = b_glob + t_glob, b_dev + t_dev
-    o_glob, o_dev = tree_bytes(opt), device_bytes(opt, mesh, params=params)
-    n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    # The model's size: with LoRA the base's (its adapters are named beside it).
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base)) if work.lora_rank else n_trained
-    # Gradients in the trained params' dtype, plus a float32 accumulator across micro-batches.
-    g_glob = t_glob + (4 * n_trained if micro > 1 else 0)
-    g_dev = t_dev + (device_bytes(jax.tree.map(_as_f32, params), mesh) if micro > 1 else 0)
-    ref = (p_glob, p_dev) if work.kl and not work.lora_rank else (0, 0)
-    layout = rollout_layout(work, sizes)
-    if layout is None:
-        kv_glob, kv_dev = kv_cache_bytes(cfg, work.rollout_rows, work.cache_len, sizes)
-        kv_note = f"{work.rollout_rows} rows x {work.cache_len} slots, {np.dtype(cfg.dtype).name}"
-        pre_note = f"attention over a {work.prompt_len}-token prompt, one layer"
-    else:
-        new = work.cache_len - work.prompt_len
-        shared = kv_cache_bytes(cfg, layout.groups, layout.prefix_bucket, sizes)
-        own = kv_cache_bytes(cfg, layout.rows, layout.suffix_bucket + new, sizes)
-        kv_glob, kv_dev = shared[0] + own[0], shared[1] + own[1]
-        kv_note = (
-            f"{layout.groups} groups x {layout.prefix_bucket} shared slots + {layout.rows} rows x "
-            f"{layout.suffix_bucket + new}, {np.dtype(cfg.dtype).name}"
-        )
-        pre_note = f"{layout.prefix_bucket}-token prefix per group, {layout.suffix_bucket} per row"
-    pre = prefill_bytes(cfg, work, sizes, layout)
-    act = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, work.remat)
-    act_other = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, not work.remat)
-    act_dev = act["layers"] + act["logits"] + act["embed"]
-    other_dev = act_other["layers"] + act_other["logits"] + act_other["embed"]
-    nd = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-    lp = logprob_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes)
-    lp_whole = logprob_bytes(cfg, work.mini_batch_rows, work.seq_len, sizes)
-    remat_note = "remat on" if work.remat else "remat off"
-    p_note = f"{n_params / 1e9:.3f}B x {np.dtype(cfg.param_dtype).name}"
-    if work.lora_rank:
-        p_note += f" + rank-{work.lora_rank} adapters ({n_trained / 1e6:.2f}M x float32)"
-    ref_note = "KL on: frozen copy" if work.kl else "KL off"
-    if work.lora_rank and work.kl:
-        ref_note = "KL on: the base with adapters off (no copy)"
-    rows = [
-        ("parameters", p_glob, p_dev, p_note),
-        (
-            "optimizer state",
-            o_glob,
-            o_dev,
-            "AdamW moments (dtypes as optax makes them), sharded like the "
-            + ("adapters" if work.lora_rank else "params"),
-        ),
-        (
-            "gradients",
-            g_glob,
-            g_dev,
-            ("adapters only, " if work.lora_rank else "")
-            + "param dtype"
-            + (" + float32 accumulator" if micro > 1 else ""),
-        ),
-        ("reference model", ref[0], ref[1], ref_note),
-        *(
-            [("sampling copy (LoRA)", *copy, "adapted kernels merged, during rollouts only")]
-            if work.lora_rank
-            else []
-        ),
-        ("KV cache (rollout)", kv_glob, kv_dev, kv_note),
-        ("prefill transient", pre * nd, pre, pre_note),
-        (
-            f"activations ({remat_note})",
-            act_dev * nd,
-            act_dev,
-            f"{work.micro_batch_rows} rows x {work.seq_len} tokens per micro-batch",
-        ),
-        (
-            f"activations ({'remat off' if work.remat else 'remat on'})",
-            other_dev * nd,
-            other_dev,
-            "for comparison",
-        ),
-        (
-            "log-prob pass",
-            lp * nd,
-            lp,
-            f"forward only, per micro-batch ({work.mini_batch_rows} rows at once: {lp_whole / GIB:.1f} GiB/device)",
-        ),
-    ]
-    persistent = p_dev + o_dev + ref[1]
-    phases = {
-        "persistent": persistent,
-        "rollout": persistent + copy[1] + kv_dev + pre,
-        "logprob": persistent + lp,
-        "train": persistent + g_dev + act_dev,
-    }
-    peak = max(phases.values())
-    fits = peak <= hbm_gb * GIB * USABLE_FRACTION
-    return Plan(label, dict(sizes), hbm_gb, work, n_params, rows, phases, peak, fits)
+# ---------------------------------------------------------------------------------------------- advice
 
 
 def advise(
@@ -527,21 +141,21 @@ def advise(
     """Concrete changes that make the plan fit, each checked by re-planning with the change applied."""
     usable = hbm_gb * GIB * USABLE_FRACTION
     out: list[str] = []
-    devices = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    shards = sizes["data"] * sizes["fsdp"]
 
     def fits(c=cfg, s=sizes, w=work) -> Plan:
         return make_plan(c, label, s, w, hbm_gb)
 
     if plan.phases["persistent"] > usable:
-        for fsdp in (sizes["fsdp"] * k for k in (2, 4, 8, 16, 32)):
-            trial = fits(s=dict(sizes, fsdp=fsdp))
-            if trial.phases["persistent"] <= usable:
-                out.append(
-                    f"parameters + optimizer state need a larger slice: fsdp={fsdp} "
-                    f"({fsdp * sizes['data'] * sizes['tensor']} chips) holds them in "
-                    f"{trial.phases['persistent'] / GIB:.1f} GiB per device"
-                )
-                break
+        wider = ((f, fits(s=dict(sizes, fsdp=f))) for f in (sizes["fsdp"] * k for k in (2, 4, 8, 16, 32)))
+        hit = _first_fit(wider, "persistent", usable)
+        if hit:
+            fsdp, trial = hit
+            out.append(
+                f"parameters + optimizer state need a larger slice: fsdp={fsdp} "
+                f"({fsdp * sizes['data'] * sizes['tensor']} chips) holds them in "
+                f"{trial.phases['persistent'] / GIB:.1f} GiB per device"
+            )
         if np.dtype(cfg.param_dtype).itemsize > 2:
             trial = fits(c=cfg.replace(param_dtype="bfloat16"))
             out.append(
@@ -568,40 +182,40 @@ def advise(
             out.append(
                 f"turn on remat (--config.model.remat=true): training peak {trial.phases['train'] / GIB:.1f} GiB"
             )
-        shards = sizes["data"] * sizes["fsdp"]
-        candidates = [
-            m
-            for m in range(work.micro_batch_rows - 1, 0, -1)
-            if work.mini_batch_rows % m == 0 and m % shards == 0
-        ]
-        for m in candidates:
-            trial = fits(w=dataclasses.replace(w, micro_batch_rows=m))
-            if trial.phases["train"] <= usable:
-                out.append(
-                    f"smaller micro-batches (--config.train.micro_batch_rows={m}): training peak "
-                    f"{trial.phases['train'] / GIB:.1f} GiB"
-                )
-                break
+        micros = (m for m in range(work.micro_batch_rows - 1, 0, -1) if work.mini_batch_rows % m == 0)
+        smaller = ((m, fits(w=dataclasses.replace(w, micro_batch_rows=m))) for m in micros if m % shards == 0)
+        hit = _first_fit(smaller, "train", usable)
+        if hit:
+            m, trial = hit
+            out.append(
+                f"smaller micro-batches (--config.train.micro_batch_rows={m}): training peak "
+                f"{trial.phases['train'] / GIB:.1f} GiB"
+            )
         else:
             out.append(_bigger_mesh_advice(cfg, label, sizes, w, hbm_gb, usable))
     if plan.phases["rollout"] > usable:
-        for rows in reversed(BATCH_BUCKETS):
-            if rows >= work.rollout_rows or rows % (sizes["data"] * sizes["fsdp"]):
-                continue
-            trial = fits(w=dataclasses.replace(work, rollout_rows=rows))
-            if trial.phases["rollout"] <= usable:
-                out.append(
-                    f"generate in chunks of {rows} rows (--config.rollout.max_rows_per_call={rows}): rollout "
-                    f"peak {trial.phases['rollout'] / GIB:.1f} GiB"
-                )
-                break
+        chunks = (r for r in reversed(BATCH_BUCKETS) if r < work.rollout_rows and r % shards == 0)
+        hit = _first_fit(
+            ((r, fits(w=dataclasses.replace(work, rollout_rows=r))) for r in chunks), "rollout", usable
+        )
+        if hit:
+            rows, trial = hit
+            out.append(
+                f"generate in chunks of {rows} rows (--config.rollout.max_rows_per_call={rows}): rollout "
+                f"peak {trial.phases['rollout'] / GIB:.1f} GiB"
+            )
         else:
             out.append(
                 "the rollout does not fit even in small chunks: shorten max_prompt_tokens or add chips"
             )
     if not out and not plan.fits:
-        out.append(f"no single change found; try more chips than {devices}")
+        out.append(f"no single change found; try more chips than {shards * sizes['tensor']}")
     return out
+
+
+def _first_fit(trials: Iterable[tuple[Any, Plan]], phase: str, usable: float) -> tuple[Any, Plan] | None:
+    """The first (change, plan) of ``trials`` whose ``phase`` fits in ``usable`` bytes (planned lazily)."""
+    return next(((change, trial) for change, trial in trials if trial.phases[phase] <= usable), None)
 
 
 def _bigger_mesh_advice(
@@ -609,28 +223,26 @@ def _bigger_mesh_advice(
 ) -> str:
     """Training does not fit at one row per batch shard: find the smallest larger mesh (more fsdp, or
     tensor parallelism on more chips) whose training phase fits, with its micro-batch size."""
-    tried = []
-    for k in (2, 4, 8, 16):
-        for trial_sizes in (dict(sizes, fsdp=sizes["fsdp"] * k), dict(sizes, tensor=sizes["tensor"] * k)):
-            shards = trial_sizes["data"] * trial_sizes["fsdp"]
-            micros = [
-                m for m in range(shards, work.mini_batch_rows + 1, shards) if work.mini_batch_rows % m == 0
-            ]
-            for m in micros:
-                trial = make_plan(
-                    cfg, label, trial_sizes, dataclasses.replace(work, micro_batch_rows=m), hbm_gb
-                )
-                if trial.phases["train"] <= usable:
-                    mesh = ",".join(f"{a}:{v}" for a, v in trial_sizes.items())
-                    chips = trial_sizes["data"] * trial_sizes["fsdp"] * trial_sizes["tensor"]
-                    return (
-                        f"training does not fit on this mesh even at one row per batch shard; {chips} chips "
-                        f"with --mesh={mesh} and micro_batch_rows={m} give a training peak of "
-                        f"{trial.phases['train'] / GIB:.1f} GiB"
-                    )
-            tried.append(trial_sizes)
+
+    def trials() -> Iterator[tuple[tuple[dict[str, int], int], Plan]]:
+        for k in (2, 4, 8, 16):
+            for bigger in (dict(sizes, fsdp=sizes["fsdp"] * k), dict(sizes, tensor=sizes["tensor"] * k)):
+                shards = bigger["data"] * bigger["fsdp"]
+                for m in range(shards, work.mini_batch_rows + 1, shards):
+                    if work.mini_batch_rows % m == 0:
+                        micro = dataclasses.replace(work, micro_batch_rows=m)
+                        yield (bigger, m), make_plan(cfg, label, bigger, micro, hbm_gb)
+
+    hit = _first_fit(trials(), "train", usable)
+    if hit is None:
+        return "training does not fit even on 16x the chips: shorten rollout.max_prompt_tokens / max_response_tokens"
+    (bigger, m), trial = hit
+    mesh = ",".join(f"{a}:{v}" for a, v in bigger.items())
+    chips = bigger["data"] * bigger["fsdp"] * bigger["tensor"]
     return (
-        "training does not fit even on 16x the chips: shorten rollout.max_prompt_tokens / max_response_tokens"
+        f"training does not fit on this mesh even at one row per batch shard; {chips} chips "
+        f"with --mesh={mesh} and micro_batch_rows={m} give a training peak of "
+        f"{trial.phases['train'] / GIB:.1f} GiB"
     )
 
 
@@ -638,16 +250,8 @@ def _bigger_mesh_advice(
 
 
 def loss_settings(config: Any) -> dict:
-    """The trainer's loss knobs (as it passes them to make_train_step)."""
-    c = config.loss
-    return dict(
-        clip_eps=c.clip_eps,
-        dual_clip=c.dual_clip,
-        kl_type=c.kl_type,
-        kl_coef=c.kl_coef,
-        entropy_coef=c.entropy_coef,
-        agg=c.agg,
-    )
+    """The trainer's loss options: ``config.loss``, which it passes to make_train_step as it is."""
+    return config.loss.to_dict()
 
 
 def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, loss: dict) -> dict[str, int]:
@@ -657,7 +261,7 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     compiled, nothing is allocated. Run on the target accelerator (a TPU VM, a GPU host) this replaces
     the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
     """
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.sharding import batch_sharding, make_mesh, param_shardings
     from roleagent_jax.train_step import TrainState, make_train_step
 
     n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
@@ -692,21 +296,30 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     grid["advantages"] = jax.ShapeDtypeStruct((rows,), np.float32)
     step = make_train_step(
         graphdef,
-        make_optimizer(work.optimizer),
+        make_optimizer(**work.optimizer),
         loss,
         mesh=mesh,
         micro_batches=rows // work.micro_batch_rows,
         remat=work.remat,
     )
-    inputs = {k: grid[k] for k in step.batch_keys()}
-    fn, _ = step._build(state, inputs, base)
-    stats = fn.lower(state, inputs, base).compile().memory_analysis()
+    # The step's own placement (its jit, shardings and state donation), lowered for sharded abstract
+    # inputs through the public call.
+    state = _placed(state, step.state_shardings(state))
+    inputs = {k: _placed(grid[k], batch_sharding(mesh, grid[k].ndim)) for k in step.batch_keys()}
+    base = None if base is None else _placed(base, param_shardings(base, mesh))
+    lowered = jax.jit(step, donate_argnums=0).lower(state, inputs, base)
+    stats = lowered.compile().memory_analysis()
     out = {
         name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0)
         for name in ("argument", "output", "alias", "temp", "generated_code")
     }
     out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
+
+
+def _placed(tree: Any, shardings: Any) -> Any:
+    """``tree``'s abstract arrays carrying ``shardings`` (what the step would place them on)."""
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
 
 
 # ---------------------------------------------------------------------------------------------- output

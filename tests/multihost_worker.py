@@ -47,22 +47,14 @@ def main(argv: list[str]) -> None:
     if args.step_fn == "trainer":
         _trainer_iteration(args)
         return
-    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from qwen2_tiny import tiny_config
+
+    from roleagent_jax.models import Qwen2ForCausalLM
     from roleagent_jax.sharding import make_mesh, param_shardings
 
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     mesh = make_mesh(data, fsdp, tensor)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        max_position_embeddings=64,
-    )
+    cfg = tiny_config(vocab_size=64, hidden_size=32, intermediate_size=48, max_position_embeddings=64)
     graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     host_params = jax.tree.map(np.asarray, params)  # identical on every process (same seed)
     params = jax.device_put(host_params, param_shardings(host_params, mesh))

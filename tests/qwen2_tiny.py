@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 VOCAB = 128
+# The two tiny Qwen2 shapes the tests build, as config fields that transformers' Qwen2Config and ours
+# both take. rope_theta is transformers' default, so a model of ours and a torch one agree.
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+)
+ONE_LAYER = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 # Game text for the samplers' tokenizer (`game_tokenizer`).
 TEXTS = [
     "You arrive at the kitchen. On the countertop 1, you see an apple 1, a knife 2, and a mug 3.",
@@ -14,25 +35,44 @@ TEXTS = [
 ]
 
 
+def tiny_fields(**overrides: Any) -> dict:
+    """``TINY``'s fields with ``overrides`` (a test's own sizes, dtypes or options)."""
+    return {**TINY, **overrides}
+
+
+def tiny_config(**overrides: Any):
+    """Our Qwen2Config of ``tiny_fields(**overrides)``."""
+    from roleagent_jax.models import Qwen2Config
+
+    return Qwen2Config(**tiny_fields(**overrides))
+
+
+def one_layer_fields(**overrides: Any) -> dict:
+    """``ONE_LAYER``'s fields with ``overrides``."""
+    return {**ONE_LAYER, **overrides}
+
+
+def one_layer_config(**overrides: Any):
+    """Our Qwen2Config of ``one_layer_fields(**overrides)``."""
+    from roleagent_jax.models import Qwen2Config
+
+    return Qwen2Config(**one_layer_fields(**overrides))
+
+
 def torch_qwen2(tie: bool, kv_heads: int, seed: int = 0, layers: int = 2):
     """A tiny fp32 transformers Qwen2ForCausalLM with every weight (biases, norms too) randomised."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
+    fields = tiny_fields(
         num_hidden_layers=layers,
-        num_attention_heads=4,
         num_key_value_heads=kv_heads,
         tie_word_embeddings=tie,
-        rope_theta=10000.0,
         rms_norm_eps=1e-6,
         max_position_embeddings=256,
     )
-    model = Qwen2ForCausalLM(cfg).eval().float()
+    model = Qwen2ForCausalLM(Qwen2Config(**fields)).eval().float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -52,6 +92,16 @@ def left_padded_batch(seed: int = 0, lengths=(9, 6, 3, 1), total: int = 9):
     ids = np.where(mask == 1, ids, 0).astype(np.int32)
     positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0).astype(np.int32)
     return ids, mask, positions
+
+
+def left_padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """ids and mask of token rows left-padded with 0 to the longest, as the sampler lays them out."""
+    width = max(map(len, rows))
+    ids = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :], mask[b, width - len(row) :] = row, 1
+    return ids, mask
 
 
 def torch_logits(model, ids, mask, positions) -> np.ndarray:
@@ -113,18 +163,8 @@ def sampling_qwen2(vocab: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(cfg).eval().float()
+    fields = tiny_fields(vocab_size=vocab, max_position_embeddings=512, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(Qwen2Config(**fields)).eval().float()
     with torch.no_grad():  # large enough weights that the output is not one repeated token
         for name, p in model.named_parameters():
             p.copy_(
@@ -139,12 +179,9 @@ def tiny_sft_model(max_positions: int = 64):
     """(graphdef, params) of a 1-layer random Qwen2 over a 64-token vocabulary, for warm-start tests."""
     from flax import nnx
 
-    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from roleagent_jax.models import Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
-    )  # fmt: skip
+    cfg = one_layer_config(max_position_embeddings=max_positions)
     return nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
 
 

@@ -404,13 +404,11 @@ def test_cli_refusal_is_one_line_and_leaves_no_workdir(tmp_path, args, needles):
 def model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 written in Hugging Face format (config.json + model.safetensors)."""
     from flax import nnx
+    from qwen2_tiny import one_layer_config
 
-    from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, save_pretrained
+    from roleagent_jax.models import Qwen2ForCausalLM, save_pretrained
 
-    cfg = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
+    cfg = one_layer_config(max_position_embeddings=64)
     path = tmp_path_factory.mktemp("model")
     save_pretrained(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), path)
     return path

@@ -14,7 +14,7 @@ import optax
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, torch_logits, torch_qwen2
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_logits, torch_qwen2
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora, projections
@@ -83,10 +83,7 @@ def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets)
 
 
 def base_config(scan: bool = False) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, scan_layers=scan,
-    )  # fmt: skip
+    return tiny_config(scan_layers=scan)
 
 
 def lora_model(scan: bool = False, dropout: float = 0.0, rank: int = 8):

@@ -7,23 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import forward, left_padded_batch, max_diff_on_real
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_fields
 
 from roleagent_jax.models import KVCache, Qwen2Config, Qwen2ForCausalLM, init_cache
 
 
 def tiny_config(**kw) -> Qwen2Config:
-    base = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        attention_chunk=4,  # several (uneven) query chunks even at these short lengths
-    )
-    return Qwen2Config(**{**base, **kw})
+    # attention_chunk 4: several (uneven) query chunks even at these short lengths.
+    return Qwen2Config(**tiny_fields(**{"attention_chunk": 4, **kw}))
 
 
 def random_model(cfg: Qwen2Config, seed: int = 0) -> Qwen2ForCausalLM:

@@ -34,23 +34,21 @@ def paper_config():
 def write_tiny_checkpoint(directory: Path) -> None:
     """A 1-layer transformers Qwen2 stored in bfloat16 (torch_dtype bfloat16) with its own tokenizer.json."""
     import torch
+    from qwen2_tiny import one_layer_fields
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from roleagent_jax.tokenizer import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(TEXTS * 4, 320, directory)
     torch.manual_seed(0)
-    cfg = Qwen2Config(
+    fields = one_layer_fields(
         vocab_size=len(tok),
-        hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         tie_word_embeddings=True,
         max_position_embeddings=1024,
         eos_token_id=tok.eos_token_id,
     )
+    cfg = Qwen2Config(**fields)
     Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(directory)
     assert json.loads((directory / "config.json").read_text()).get("torch_dtype", "bfloat16") == "bfloat16"
 

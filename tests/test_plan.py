@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from qwen2_tiny import tiny_config
 
 from roleagent_jax import plan
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
@@ -23,11 +24,9 @@ OPT = dict(lr=1e-6, weight_decay=0.01, grad_clip=1.0, warmup_steps=0, schedule="
 
 def tiny(tie: bool = False, param_dtype: str = "float32") -> Qwen2Config:
     # 6 query heads / 3 KV heads / vocab 100: some dims do not divide tensor=2 or fsdp=4 (replicated).
-    return Qwen2Config(
+    return tiny_config(
         vocab_size=100,
         hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
         num_attention_heads=6,
         num_key_value_heads=3,
         tie_word_embeddings=tie,
@@ -91,15 +90,7 @@ def test_per_device_bytes_equal_real_sharded_state(mesh_sizes):
 
 def test_kv_cache_bytes_equal_real_sharded_cache():
     mesh = make_mesh(1, 4, 2)
-    cfg = Qwen2Config(
-        vocab_size=100,
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        dtype="bfloat16",
-    )
+    cfg = tiny_config(vocab_size=100, hidden_size=48, dtype="bfloat16")
     cache = jax.device_put(init_cache(cfg, 16, 40), cache_sharding(mesh, cfg))
     total, dev = plan.kv_cache_bytes(cfg, 16, 40, dict(mesh.shape))
     assert total == nbytes(cache)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import TEXTS, game_tokenizer, sampling_qwen2
+from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
@@ -69,11 +69,8 @@ def test_logprobs_equal_teacher_forced_forward_and_top_k_holds(setup, plain):
     reqs = [SampleRequest(p, 10 + i) for i, p in enumerate(setup["prompts"])]
     out = plain.generate(setup["params"], reqs, SamplingParams(temperature=1.3, top_k=8), jax.random.key(3))
     rows = [r.prompt_ids + o.token_ids for r, o in zip(reqs, out)]
-    width = max(map(len, rows))
-    ids = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :], mask[b, width - len(row) :] = row, 1
+    ids, mask = left_padded(rows)
+    width = ids.shape[1]
     logits = np.asarray(setup["model"](jnp.asarray(ids), jnp.asarray(mask)))
     logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     for b, (r, o) in enumerate(zip(reqs, out)):

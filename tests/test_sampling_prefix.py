@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import TEXTS, game_tokenizer, sampling_qwen2
+from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.models.qwen2 import (
@@ -152,11 +152,8 @@ def test_sampled_logprobs_equal_the_training_forward(setup):
     again = sampler.generate(params, reqs, warm, jax.random.key(3))
     assert [o.token_ids for o in out] == [o.token_ids for o in again]
     rows = [r.prompt_ids + o.token_ids for r, o in zip(reqs, out)]
-    width = max(map(len, rows))
-    ids = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :], mask[b, width - len(row) :] = row, 1
+    ids, mask = left_padded(rows)
+    width = ids.shape[1]
     logp = np.asarray(jax.nn.log_softmax(setup["model"](jnp.asarray(ids), jnp.asarray(mask)), axis=-1))
     for b, o in enumerate(out):
         assert len(o.token_ids) == reqs[b].max_new_tokens

@@ -9,10 +9,10 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, torch_qwen2
+from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_qwen2
 
 from roleagent_jax import sharding
-from roleagent_jax.models import KVCache, Qwen2Config, Qwen2ForCausalLM, init_cache, load_pretrained
+from roleagent_jax.models import KVCache, Qwen2ForCausalLM, init_cache, load_pretrained
 
 needs_8 = pytest.mark.skipif(
     jax.device_count() < 8, reason="needs 8 (fake) devices: run under tests/conftest.py"
@@ -34,10 +34,7 @@ def test_make_mesh_fills_and_validates():
 @needs_8
 def test_rules_cover_every_param_and_fall_back_to_replication():
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    cfg = Qwen2Config(
-        vocab_size=127, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1,
-    )  # fmt: skip
+    cfg = tiny_config(vocab_size=127, num_key_value_heads=1)
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     specs = {
         "/".join(map(str, k)): v.get_value()
@@ -107,10 +104,7 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
 @needs_8
 def test_shard_model_and_batch_sharding():
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    cfg = Qwen2Config(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
+    cfg = tiny_config(num_hidden_layers=1)
     model = sharding.shard_model(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
     assert model.embed.embedding[...].sharding.spec == P("tensor", "fsdp")
     assert sharding.batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)

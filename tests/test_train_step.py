@@ -6,8 +6,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from qwen2_tiny import tiny_config
 
-from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+from roleagent_jax.models import Qwen2ForCausalLM
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.train_step import (
     TrainState,
@@ -22,17 +23,7 @@ VOCAB, PAD = 128, 0
 
 
 def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-    )
-    return Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+    return Qwen2ForCausalLM(tiny_config(max_position_embeddings=256), rngs=nnx.Rngs(seed))
 
 
 def random_rows(n: int, seed: int = 0):

@@ -1,6 +1,12 @@
-"""Released models' ``config.json`` values, so the planner and benchmarks need no download."""
+"""Released models' ``config.json`` values, so the planner and benchmarks need no download, and the
+random-init model a run builds from its config's ``model.init`` fields."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from roleagent_jax.models.config import Qwen2Config
 
 _QWEN25_COMMON = dict(
     architectures=["Qwen2ForCausalLM"],
@@ -72,3 +78,17 @@ MODEL_NAMES = {
     "7b": "Qwen2.5-7B-Instruct",
     "135m": "SmolLM2-135M-Instruct",
 }
+
+
+def init_config(
+    init: Mapping[str, Any], vocab_size: int, eos_token_id: int | None = None, **settings: Any
+) -> Qwen2Config:
+    """The Qwen2 a run without a checkpoint builds at random: ``init`` (``config.model.init``, a
+    config.json's fields) sized to its tokenizer. The trainer, the planner and the start-up checks all
+    call this, so what they check and count is what the trainer builds. ``eos_token_id`` (the
+    tokenizer's) replaces ``init``'s when given; ``settings`` are run-time ``Qwen2Config`` fields
+    (dtypes, remat, scan_layers)."""
+    fields = dict(init, vocab_size=vocab_size, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    if eos_token_id is not None:
+        fields["eos_token_id"] = eos_token_id
+    return Qwen2Config.from_hf(fields, **settings)
