@@ -261,7 +261,7 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     compiled, nothing is allocated. Run on the target accelerator (a TPU VM, a GPU host) this replaces
     the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
     """
-    from roleagent_jax.sharding import batch_sharding, make_mesh, param_shardings
+    from roleagent_jax.sharding import make_mesh
     from roleagent_jax.train_step import TrainState, make_train_step
 
     n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
@@ -302,24 +302,13 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
         micro_batches=rows // work.micro_batch_rows,
         remat=work.remat,
     )
-    # The step's own placement (its jit, shardings and state donation), lowered for sharded abstract
-    # inputs through the public call.
-    state = _placed(state, step.state_shardings(state))
-    inputs = {k: _placed(grid[k], batch_sharding(mesh, grid[k].ndim)) for k in step.batch_keys()}
-    base = None if base is None else _placed(base, param_shardings(base, mesh))
-    lowered = jax.jit(step, donate_argnums=0).lower(state, inputs, base)
-    stats = lowered.compile().memory_analysis()
+    stats = step.lower(state, grid, base).compile().memory_analysis()  # its own jit, shardings, donation
     out = {
         name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0)
         for name in ("argument", "output", "alias", "temp", "generated_code")
     }
     out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
-
-
-def _placed(tree: Any, shardings: Any) -> Any:
-    """``tree``'s abstract arrays carrying ``shardings`` (what the step would place them on)."""
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -18,7 +18,7 @@ from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
 from roleagent_jax.config import family_options
 from roleagent_jax.envs import EnvPool, Family, TaskPool
 from roleagent_jax.episodes import failed_games
-from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained, save_pretrained
 from roleagent_jax.sharding import shard_model
 from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
 from roleagent_jax.train_step import make_optimizer
@@ -179,9 +179,7 @@ def build_model(config: ConfigDict, workdir: Path, mesh, resuming: bool, experts
         model, mcfg = load_pretrained(init_dir, mesh=mesh, **load_settings(c))
         return model, mcfg, load_tokenizer(init_dir)
     tok = load_tokenizer(c.tokenizer.path) if c.tokenizer.path else train_tokenizer(c, experts, workdir)
-    fields = dict(c.model.init.to_dict(), vocab_size=len(tok), model_type="qwen2",
-                  architectures=["Qwen2ForCausalLM"], eos_token_id=tok.eos_token_id)  # fmt: skip
-    mcfg = Qwen2Config.from_hf(fields, **load_settings(c))
+    mcfg = init_config(c.model.init.to_dict(), len(tok), tok.eos_token_id, **load_settings(c))
     model = shard_model(Qwen2ForCausalLM(mcfg, rngs=nnx.Rngs(c.seed)), mesh)
     save_pretrained(model, init_dir, tokenizer=tok)  # every process takes part; process 0 writes
     return model, mcfg, tok

@@ -389,6 +389,12 @@ class TrainStep:
         out_sh = (state_sh, NamedSharding(self.mesh, P()))
         return jax.jit(self._step_fn, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=0), state_sh
 
+    def lower(self, state: TrainState, batch: Mapping[str, Any], frozen=None) -> jax.stages.Lowered:
+        """The compiled step's program for these (possibly abstract) inputs, placed as a call places
+        them: what the memory planner measures."""
+        inputs = {k: batch[k] for k in self.batch_keys()}
+        return self._build(state, inputs, frozen)[0].lower(state, inputs, frozen)
+
     def __call__(
         self, state: TrainState, batch: Mapping[str, Any], frozen=None
     ) -> tuple[TrainState, dict[str, jax.Array]]:

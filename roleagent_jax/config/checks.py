@@ -152,11 +152,11 @@ def _model_errors(config: ConfigDict) -> list[str]:
     except (ValueError, TypeError) as err:
         errors.append(f"--config.{err}")
     if not config.model.path:
-        from roleagent_jax.models import Qwen2Config
+        from roleagent_jax.models import init_config
 
-        init = dict(config.model.init.to_dict(), vocab_size=1, model_type="qwen2")
+        m = config.model
         try:
-            Qwen2Config.from_hf(init, param_dtype=config.model.param_dtype, dtype=config.model.dtype)
+            init_config(m.init.to_dict(), 1, param_dtype=m.param_dtype, dtype=m.dtype)
         except (ValueError, TypeError) as err:
             errors.append(f"--config.model.init: {err}")
     return errors
