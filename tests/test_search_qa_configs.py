@@ -76,7 +76,7 @@ def test_base_config_exposes_the_family_options():
 def test_real_sets_get_the_retriever_from_the_config(tmp_path):
     """The trainer hands env.search_qa to real splits too: the paper config's data sets find their corpus."""
     from roleagent_jax.envs.base import get_family
-    from roleagent_jax.trainer import make_task_pool
+    from roleagent_jax.run_setup import make_task_pool
 
     (tmp_path / "nq").mkdir()
     (tmp_path / "nq" / "train.jsonl").write_text(
