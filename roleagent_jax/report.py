@@ -33,7 +33,7 @@ def rates(summary: dict) -> dict[str, float]:
 
 
 def _games(summary: dict) -> dict[str, int]:
-    return {**summary.get("count_per_type", {}), "all": summary["n"]} if summary else {}
+    return {**summary.get("count_per_type", {}), "all": summary.get("n")} if summary else {}
 
 
 def evaluation_rows(before: dict, after: dict) -> list[str]:
