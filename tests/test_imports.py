@@ -1,4 +1,5 @@
-"""The package's import graph has no circle, counting imports inside functions too (they run as well)."""
+"""The package's import graph has no circle, counting imports inside functions (they run as well) and
+those made only for type checking (a circle of types is a circle of meaning, even when nothing runs it)."""
 
 import ast
 from pathlib import Path
@@ -11,25 +12,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def type_checking_only(node: ast.AST, parents: dict) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
         for node in ast.walk(tree):
-            if type_checking_only(node, parents):
-                continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
