@@ -141,7 +141,7 @@ def main() -> None:
         warm.iterations = 0
         summary = run(warm)
         for split, res in summary["eval"]["before"].items():
-            table["warm start"].setdefault(split, []).append(res["all"])
+            table["warm start"].setdefault(split, []).append(res["success"])
         print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
         models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
         for algo in dict.fromkeys(args.algos):
@@ -153,7 +153,7 @@ def main() -> None:
             c.eval.before = False
             summary = run(c)
             for split, res in summary["eval"]["after"].items():
-                table[algo].setdefault(split, []).append(res["all"])
+                table[algo].setdefault(split, []).append(res["success"])
             print(f"seed {seed} {algo}: " + json.dumps(summary["eval"]["after"]), flush=True)
             models[algo] = Path(summary["final_model"])
         if pool is not None:
