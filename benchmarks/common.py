@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import statistics
 import sys
@@ -20,13 +20,8 @@ DEMO_CONFIGS = {"alfworld": "demo", "webshop": "webshop_demo", "search_qa": "sea
 
 
 def demo_config(env: str = "alfworld"):
-    """The family's embedded default config (configs/demo.py for ALFWorld; loaded by path, not as a
-    package)."""
-    name = DEMO_CONFIGS[env]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """The family's embedded default config (configs/demo.py for ALFWorld)."""
+    return importlib.import_module(f"configs.{DEMO_CONFIGS[env]}").get_config()
 
 
 # The benchmark Qwen2 (about 20M parameters) used by the forward and sampler benchmarks.

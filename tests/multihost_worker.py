@@ -154,19 +154,15 @@ def _real_train_step(graphdef, params, mesh):
 
 def _trainer_iteration(args) -> None:
     """One `Trainer.iteration` of a tiny demo-config run (procedural games, BPE tokenizer, tiny Qwen2)."""
-    import importlib.util
 
     import jax
     import numpy as np
 
+    from configs import demo
     from roleagent_jax import distributed
     from roleagent_jax.trainer import Trainer
 
-    repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("demo_config", repo / "configs" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = demo.get_config()
     c.workdir = str(Path(args.out).parent / "trainer_run")  # one workdir shared by the processes
     c.iterations, c.warmstart.steps, c.env.eval_splits = 1, 0, ()
     c.env.gen.n_train, c.warmstart.n_games, c.env.num_workers, c.env.max_steps = 8, 8, 1, 3

@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import load_config
 from flax import nnx
 from qwen2_tiny import tiny_config
 
@@ -46,15 +47,6 @@ def device0_bytes(tree) -> int:
     for x in jax.tree.leaves(tree):
         total += sum(s.data.nbytes for s in x.addressable_shards if s.device == dev)
     return total
-
-
-def load_config(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
 
 
 @pytest.mark.parametrize("tie,pdt", [(False, "float32"), (True, "bfloat16")])
