@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
 from roleagent_jax.envs.pool import EnvPool
@@ -130,31 +131,10 @@ def summarize(
     return out
 
 
-def evaluate(
-    policy: Policy,
-    family: Family,
-    task_pool: TaskPool,
-    split: str = "",
-    *,
-    num_workers: int = 2,
-    max_steps: int = 50,
-    batch_size: int = 32,
-    step_timeout: float = 60.0,
-    limit: int = 0,
-    log: Callable[[str], None] | None = None,
-) -> dict:
-    """Every task of the pool once (the first `limit` when limit > 0), batch_size episodes at a time."""
-    trajs = evaluate_trajectories(
-        policy,
-        family,
-        task_pool,
-        num_workers=num_workers,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        step_timeout=step_timeout,
-        limit=limit,
-        log=log,
-    )
+def evaluate(policy: Policy, family: Family, task_pool: TaskPool, split: str = "", **settings: Any) -> dict:
+    """`summarize` of `evaluate_trajectories` (whose keyword settings it takes): every task of the pool
+    once, or the first `limit`."""
+    trajs = evaluate_trajectories(policy, family, task_pool, **settings)
     return summarize(split, trajs, family.task_types, family.score_name, task_pool)
 
 
@@ -170,7 +150,8 @@ def evaluate_trajectories(
     limit: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> list[Trajectory]:
-    """The episodes behind `evaluate`, for callers that measure more than its summary."""
+    """Every task of the pool once (the first `limit` when limit > 0), batch_size episodes at a time: the
+    episodes behind `evaluate`, for callers that measure more than its summary."""
     ids = list(range(len(task_pool)))[: limit or None]
     trajs: list[Trajectory] = []
     start = time.perf_counter()
