@@ -164,7 +164,8 @@ class Trainer:
         if c.aiw.enabled:
             metrics.update(self._aiw(result.trajectories, it))
         else:  # the AIW round reports the shares itself; without it they stay uniform
-            metrics.update(self.task_sampler.type_shares(self.train_pool.task_types))
+            shares = self.task_sampler.type_shares(self.train_pool.task_types)
+            metrics.update({f"aiw/share/{t}": p for t, p in shares.items()})
         times["aiw"] = time.perf_counter() - t1
         times["iteration"] = time.perf_counter() - t0
         return iteration_metrics(metrics, result, rows, adv, self.family.task_types, times)

@@ -173,9 +173,7 @@ def aiw_round(
 
     counts = Counter(r.failure_type for _, r in pairs)
     probs = state.sampler.probs()
-    share: dict[str, float] = {}
-    for tt, p in zip(index.task_types, probs):
-        share[tt] = share.get(tt, 0.0) + float(p)
+    share = state.sampler.type_shares(index.task_types)
     pool_share = {tt: c / len(index.task_types) for tt, c in Counter(index.task_types).items()}
     top = sorted(boosts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_BOOSTED]
     entropy = state.sampler.entropy()

@@ -20,7 +20,7 @@ hopeless). With ``floor = 1`` every weight is 1.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -67,19 +67,10 @@ class TaskSampler:
     ):
         if n_tasks < 1:
             raise ValueError(f"the task pool is empty (n_tasks={n_tasks})")
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be in [0, 1], got {decay}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
-        if eta < 0 or bound <= 0:
-            raise ValueError(f"eta must be >= 0 and bound > 0, got eta={eta}, bound={bound}")
-        if cap is not None and not (1.0 / n_tasks - 1e-12 <= cap <= 1.0):
-            raise ValueError(f"cap must be in [1/N, 1] = [{1.0 / n_tasks:.6g}, 1] for N={n_tasks}, got {cap}")
-        self.n_tasks = int(n_tasks)
-        self.eta, self.decay, self.temperature = float(eta), float(decay), float(temperature)
-        self.epsilon, self.cap, self.bound = float(epsilon), cap, float(bound)
+        if bound <= 0:
+            raise ValueError(f"bound must be > 0, got {bound}")
+        self.n_tasks, self.bound = int(n_tasks), float(bound)
+        self._set(eta=eta, decay=decay, temperature=temperature, epsilon=epsilon, cap=cap)
         self.logits = np.zeros(self.n_tasks, np.float64)
         self.success = np.full(self.n_tasks, np.nan)  # recent success rate per task; NaN: never played
         self.rng = np.random.default_rng(seed)
@@ -97,17 +88,35 @@ class TaskSampler:
         resumed run may change them on the command line); returns each change as ``"key old -> new"``."""
         cap = max(config["cap"], 1.0 / self.n_tasks) if config["cap"] else None
         new = {k: config[k] for k in ("eta", "decay", "temperature", "epsilon")} | {"cap": cap}
-        probe = TaskSampler(self.n_tasks, bound=self.bound, **new)  # checks the values
         changed = [f"{k} {getattr(self, k)} -> {v}" for k, v in new.items() if getattr(self, k) != v]
-        for k in new:
-            setattr(self, k, getattr(probe, k))
+        self._set(**new)
         return changed
 
-    def type_shares(self, task_types: list[str]) -> dict[str, float]:
-        """``aiw/share/<type>``: the sampling probability of each task type (tasks given by their types)."""
-        types, index = np.unique(task_types, return_inverse=True)
-        shares = np.bincount(index, weights=self.probs(), minlength=len(types))
-        return {f"aiw/share/{t}": float(p) for t, p in zip(types, shares, strict=True)}
+    def _set(
+        self, *, eta: float, decay: float, temperature: float, epsilon: float, cap: float | None
+    ) -> None:
+        """Check and take the sampling settings (a bad value raises ValueError naming it)."""
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+        if eta < 0:
+            raise ValueError(f"eta must be >= 0, got {eta}")
+        n = self.n_tasks
+        if cap is not None and not (1.0 / n - 1e-12 <= cap <= 1.0):
+            raise ValueError(f"cap must be in [1/N, 1] = [{1.0 / n:.6g}, 1] for N={n}, got {cap}")
+        self.eta, self.decay, self.temperature = float(eta), float(decay), float(temperature)
+        self.epsilon, self.cap = float(epsilon), cap
+
+    def type_shares(self, task_types: Sequence[str]) -> dict[str, float]:
+        """The sampling probability of each task type, in the order the types first appear (tasks given
+        by their types)."""
+        share: dict[str, float] = {}
+        for task_type, p in zip(task_types, self.probs(), strict=True):
+            share[task_type] = share.get(task_type, 0.0) + float(p)
+        return share
 
     def record(self, outcomes: Mapping[int, float], keep: float = 0.5) -> None:
         """Fold this round's success rate per task (won share of its rollouts) into the recent rate."""
