@@ -14,29 +14,33 @@ from roleagent_jax.sharding import shard_model
 
 
 class PolicyWeights:
-    """Splits a new model into what trains (`graphdef` + the params `split` returns) and what stays
-    (`base`, with LoRA), and rebuilds the full model for sampling and export (`base_graphdef`)."""
+    """What trains (`graphdef`, over the params `split` hands back) and what stays (`base`, with LoRA), and
+    the full model rebuilt for sampling and export (`base_graphdef`)."""
 
-    def __init__(self, model: Qwen2ForCausalLM, lora: LoRAConfig, seed: int, mesh):
-        self.base_graphdef = nnx.graphdef(model)  # the model without adapters (warm start, export, sampling)
-        self.base = None  # with LoRA: the frozen base, never updated by a train step
-        if lora.rank:
-            adapter_key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)  # not the base init's stream
-            shard_model(add_lora(model, lora, nnx.Rngs(adapter_key)), mesh)
-            self.graphdef, self._params, self.base = nnx.split(model, LoRAParam, ...)
-        else:
-            self.graphdef, self._params = nnx.split(model)
-        self._merge = merge_fn(self.graphdef) if self.base is not None else None
+    def __init__(self, base_graphdef: nnx.GraphDef, graphdef: nnx.GraphDef, base=None):
+        self.base_graphdef = base_graphdef  # the model without adapters (warm start, export, sampling)
+        self.graphdef = graphdef
+        self.base = base  # with LoRA: the frozen base, never updated by a train step
+        self._merge = merge_fn(graphdef) if base is not None else None
         self._copy = None  # with LoRA: (step, id of the base, merged params) of the policy
+
+    @classmethod
+    def split(
+        cls, model: Qwen2ForCausalLM, lora: LoRAConfig, seed: int, mesh
+    ) -> tuple[PolicyWeights, nnx.State]:
+        """The weights of a new model and its trained params (all of them, or the new adapters)."""
+        base_graphdef = nnx.graphdef(model)
+        if not lora.rank:
+            graphdef, params = nnx.split(model)
+            return cls(base_graphdef, graphdef), params
+        adapter_key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)  # not the base init's stream
+        shard_model(add_lora(model, lora, nnx.Rngs(adapter_key)), mesh)
+        graphdef, params, base = nnx.split(model, LoRAParam, ...)
+        return cls(base_graphdef, graphdef, base), params
 
     @property
     def lora(self) -> bool:
         return self.base is not None
-
-    def take_params(self):
-        """The trained params of the new model, handed over once (no second reference is kept)."""
-        params, self._params = self._params, None
-        return params
 
     def sampling(self, params, step: int):
         """The full weights the sampler runs: `params`, or with LoRA the base with the adapters merged

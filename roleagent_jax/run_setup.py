@@ -123,6 +123,7 @@ class Experts:
     def __init__(self, config: ConfigDict, family: Family, train_pool: TaskPool, workdir: Path):
         self.config, self.family, self.train_pool, self.workdir = config, family, train_pool, workdir
         self._trajectories: list[Trajectory] | None = None
+        self._examples: list[Example] | None = None
 
     def pool(self) -> TaskPool:
         """The first `n_games` of the RL pool, or, with `warmstart.own_games` on a generated split, games
@@ -147,11 +148,13 @@ class Experts:
         return self._trajectories
 
     def examples(self) -> list[Example]:
-        c = self.config
-        return examples_from_episodes(
-            self.trajectories(), self.family, c.env.history_k, c.wia.horizon,
-            predictor=c.warmstart.predictor, predictor_fraction=c.warmstart.predictor_fraction,
-        )  # fmt: skip
+        if self._examples is None:  # built once: the tokenizer of a new model reads them, then the warm start
+            c = self.config
+            self._examples = examples_from_episodes(
+                self.trajectories(), self.family, c.env.history_k, c.wia.horizon,
+                predictor=c.warmstart.predictor, predictor_fraction=c.warmstart.predictor_fraction,
+            )  # fmt: skip
+        return self._examples
 
 
 def train_tokenizer(config: ConfigDict, experts: Experts, workdir: Path):

@@ -82,9 +82,9 @@ class Trainer:
             c, self.workdir, self.mesh, resuming, self.experts
         )
         self.encode_prompt = PromptEncoder(self.tokenizer)
-        self.weights = PolicyWeights(model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh)
+        self.weights, params = PolicyWeights.split(model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh)
         del model  # its arrays live on as the state (or the LoRA base) only
-        self.graphdef, params = self.weights.graphdef, self.weights.take_params()
+        self.graphdef = self.weights.graphdef
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.backend = make_backend(
             "jax", self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
