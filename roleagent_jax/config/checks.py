@@ -8,18 +8,11 @@ from pathlib import Path
 from ml_collections import ConfigDict
 
 from roleagent_jax.config.keys import CONFIG
-from roleagent_jax.config.schema import FamilyOptions
+from roleagent_jax.config.schema import FamilyOptions, lookup
 from roleagent_jax.envs.base import get_family, registered
 
 # Paths a user may write as ~/...: the shell does not expand ~ after --flag=.
 PATH_KEYS = ("workdir", "model.path", "tokenizer.path", "env.data_dir", "env.gen.dir")
-
-
-def _get(config: ConfigDict, dotted: str):
-    node = config
-    for part in dotted.split("."):
-        node = node[part]
-    return node
 
 
 def expand_paths(config: ConfigDict) -> ConfigDict:
@@ -27,7 +20,7 @@ def expand_paths(config: ConfigDict) -> ConfigDict:
     config = ConfigDict(config.to_dict())
     for key in PATH_KEYS:
         parent, _, name = key.rpartition(".")
-        node = _get(config, parent) if parent else config
+        node = lookup(config, parent) if parent else config
         if node[name]:
             node[name] = str(Path(node[name]).expanduser())
     return config

@@ -80,15 +80,8 @@ class Section:
 
     def errors(self, config: ConfigDict) -> list[str]:
         """Each declared key's refusal (type, choices, bounds), in declaration order."""
-        found = []
-        for dotted, key in self.keys():
-            node = config
-            for part in dotted.split("."):
-                node = node[part]
-            message = key.error(dotted, node)
-            if message:
-                found.append(message)
-        return found
+        found = (key.error(dotted, lookup(config, dotted)) for dotted, key in self.keys())
+        return [message for message in found if message]
 
     def describe(self, prefix: str = "") -> Iterator[str]:
         """One line per key: name, default, check, meaning; sections introduced by their meaning."""
@@ -104,6 +97,14 @@ class Section:
             else:
                 check = f"  [{entry.rule()}]" if entry.rule() else ""
                 yield f"{prefix}{entry.name} = {entry.default!r}{check}  {entry.meaning}"
+
+
+def lookup(config: ConfigDict, dotted: str) -> Any:
+    """The value (or subtree) at a dotted key, e.g. "rollout.group_size"."""
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
 
 
 class IntRange(tuple):
