@@ -84,3 +84,29 @@ def test_seed_reaches_the_model_policy(monkeypatch):
     monkeypatch.setattr(policy, "ModelPolicy", record)
     ev.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD)
     assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7}
+
+
+def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics():
+    """A family that scores episodes gets its mean score, the score's standard error and its name in the
+    one summary; the trainer logs the same numbers as eval/<split>/<name>."""
+    import math
+    import statistics
+
+    from roleagent_jax.metrics import eval_metrics
+
+    def traj(task_type, won, score):
+        return Trajectory(task_id=0, task_type=task_type, goal="g", won=won, score=score)
+
+    trajs = [traj("a", True, 1.0), traj("a", False, 0.5), traj("b", False, None), traj("b", False, 0.25)]
+    s = ev.summarize("test", trajs, ["a", "b"], score_name="em")
+    every = [1.0, 0.5, 0.0, 0.25]  # an episode without a score counts 0
+    assert s["score_name"] == "em" and s["em"] == sum(every) / 4
+    assert math.isclose(s["em_se"], statistics.stdev(every) / 2)
+    assert s["per_type_em"] == {"a": 0.75, "b": 0.125} and s["success"] == 0.25
+    assert eval_metrics("test", s) == {"eval/test/a": 0.5, "eval/test/b": 0.0, "eval/test/all": 0.25,
+                                       "eval/test/em": s["em"]}  # fmt: skip
+    unscored = ev.summarize("test", [traj("a", True, None)], ["a"])
+    assert "score_name" not in unscored and set(eval_metrics("test", unscored)) == {
+        "eval/test/a",
+        "eval/test/all",
+    }
