@@ -201,3 +201,20 @@ def test_predictor_prompt_gets_history_k_pairs(setup, monkeypatch):
     assert max(len(t.steps) for t in result.trajectories) >= 3
     assert max(len(h) for h in seen) == 2 and {len(h) for h in seen} == {0, 1, 2}
     assert all(isinstance(a, str) and isinstance(o, str) for h in seen for a, o in h)
+
+
+def test_merged_shares_join_lists_add_counts_and_keep_the_slowest_time():
+    """The processes' shares of one rollout become one result: what each played, in process order; counts
+    add up; times overlapped, so the slowest process's is the iteration's."""
+    from roleagent_jax.rollout import RolloutResult
+
+    a = RolloutResult(["t0"], ["r0"], {0: {0: ["x"]}}, {"sampler_calls": 3, "time_env": 2.0}, ["s0"])
+    b = RolloutResult(["t1", "t2"], ["r1"], {1: {}}, {"sampler_calls": 3, "time_env": 5.0}, [])
+    merged = RolloutResult.merge([a, b])
+    assert (merged.trajectories, merged.rows, merged.predictor_samples) == (
+        ["t0", "t1", "t2"],
+        ["r0", "r1"],
+        ["s0"],
+    )
+    assert merged.predictions == {0: {0: ["x"]}, 1: {}}
+    assert merged.stats == {"sampler_calls": 6, "time_env": 5.0}
