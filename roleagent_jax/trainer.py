@@ -71,20 +71,18 @@ class Trainer:
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = setup.rollout_settings(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
-        self.envs = setup.env_pool(c, self.family, self.train_pool)
         # Made now, so a split that cannot be built stops the run before any work (and they are reused).
         self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}
+        self.envs = setup.env_pool(c, self.family, self.train_pool)
         self.experts = self.experts_type(c, self.family, self.train_pool, self.workdir)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
-        # No reference to the model is kept: its arrays live on as the state (or base) below only.
         model, self.model_config, self.tokenizer = setup.build_model(
             c, self.workdir, self.mesh, resuming, self.experts
         )
         self.encode_prompt = PromptEncoder(self.tokenizer)
         self.weights, params = PolicyWeights.split(model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh)
-        del model  # its arrays live on as the state (or the LoRA base) only
-        self.graphdef = self.weights.graphdef
+        del model  # no reference to the model is kept: its arrays live on as the state (or the LoRA base)
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.backend = make_backend(
             "jax", self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
@@ -92,9 +90,8 @@ class Trainer:
             micro_batches=micro,
         )  # fmt: skip
         self.optimizer = setup.make_optimizer_for(c)
-        self.train_step = make_train_step(
-            self.graphdef, self.optimizer, c.loss, mesh=self.mesh, micro_batches=micro, remat=c.model.remat
-        )
+        self.train_step = make_train_step(self.weights.graphdef, self.optimizer, c.loss, mesh=self.mesh,
+                                          micro_batches=micro, remat=c.model.remat)  # fmt: skip
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         # The KL reference: the warm-started model; with LoRA the base itself (no second copy).
         self.kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
