@@ -3,9 +3,17 @@
     python benchmarks/learning.py [--env alfworld] [--seeds 0 1 2] [--iterations 12] [--panel 96 --draws 2]
     python benchmarks/learning.py --algos grpo gigpo wia aiw roleagent   # the paper's ablation table
     python benchmarks/learning.py --env webshop          # configs/webshop_demo.py; search_qa likewise
+    python benchmarks/learning.py --config=configs/search_qa_smol.py --one-warmstart --seeds 0 1 \
+        --algos gigpo roleagent                          # a real model: one warm start for every arm
 
-`--env` picks the family's embedded default (alfworld: configs/demo.py). Success is the family's
-success rate (search-QA: exact match).
+`--env` picks the family's embedded default (alfworld: configs/demo.py); `--config` any config file
+instead, and `--set key=value` changes one of its keys for every run (a recipe try). Success is the
+family's success rate (search-QA: exact match).
+
+`--one-warmstart` makes a single warm start (the first seed's), saved once and evaluated once, that every
+seed and algorithm starts RL from: the seeds then differ in RL's sampling only. The gains are paired twice:
+per seed against its warm start, and per game (the same held-out games before and after), whose standard
+error is printed beside the one over seeds.
 
 `--algos` runs any subset of the presets (grpo, gigpo, wia = GiGPO + WIA, aiw = GiGPO + AIW, roleagent;
 default grpo gigpo roleagent). Per seed, one warm start (shared by the algorithms, so they start from
@@ -31,8 +39,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.common import DEMO_CONFIGS, demo_config, mean_se, print_json  # noqa: E402
+from benchmarks.common import DEMO_CONFIGS, ROOT, demo_config, mean_se, print_json  # noqa: E402
 from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
+from roleagent_jax.config.schema import lookup  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
 PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
@@ -75,6 +84,50 @@ def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> floa
     return float(np.mean(scores))
 
 
+def load_config(path: str):
+    """A config file of the repository (`configs/x.py`) as the package module `configs.x` would build it."""
+    import importlib
+
+    file = Path(path)
+    if file.suffix != ".py" or file.parent.name != "configs" or not (ROOT / "configs" / file.name).is_file():
+        raise SystemExit(f"error: --config={path}: not a file of the repository's configs/ folder")
+    return importlib.import_module(f"configs.{file.stem}").get_config()
+
+
+def apply_sets(config, sets: list[str]):
+    """`key=value` overrides, each value parsed as the key's current type (as a --config.key flag is)."""
+    for item in sets:
+        key, sep, text = item.partition("=")
+        try:
+            current = lookup(config, key)
+        except (KeyError, AttributeError):
+            current = None
+        if not sep or current is None or isinstance(current, dict):
+            raise SystemExit(f"error: --set {item}: not key=value for a key of the config")
+        if isinstance(current, bool):
+            value = text.lower() in ("1", "true", "yes")
+        elif isinstance(current, tuple):
+            value = tuple(x for x in text.split(",") if x)
+        else:
+            try:
+                value = type(current)(text)
+            except ValueError:
+                raise SystemExit(f"error: --set {item}: {text!r} is not a {type(current).__name__}") from None
+        *parents, leaf = key.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return config
+
+
+def paired_games(after: list[list[int]], before: list[int]) -> tuple[float, float]:
+    """Mean and standard error of (after - before) per game, after averaged over seeds first: the held-out
+    games are the sampling unit, so their own difficulty cancels."""
+    d = np.mean(np.asarray(after, float), axis=0) - np.asarray(before, float)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
+
+
 def print_table(title: str, table: dict[str, dict[str, list[float]]], splits: list[str]) -> None:
     print(f"\n{title}")
     print(f"{'':12s}" + "".join(f"{s:>20s}" for s in splits))
@@ -98,9 +151,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--env", choices=sorted(DEMO_CONFIGS), default="alfworld", help="which demo to run")
+    parser.add_argument("--config", default="", help="a config file (configs/x.py) instead of --env's demo")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a config key for every run (repeatable)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the demo's)")
+    parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the config's)")
     parser.add_argument("--workdir", default="runs/learning")
+    parser.add_argument("--one-warmstart", action="store_true",
+                        help="one warm start (the first seed's) for every seed and algorithm")  # fmt: skip
     parser.add_argument("--panel", type=int, default=0, help="fresh unseen games per extra panel (0 = off)")
     parser.add_argument("--draws", type=int, default=2, help="sampling seeds on the extra panel")
     parser.add_argument(
@@ -113,15 +171,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.panel < 0 or args.draws < 1:
         parser.error("--panel must be >= 0 and --draws >= 1")
+
+    def config():
+        c = load_config(args.config) if args.config else demo_config(args.env)
+        return apply_sets(c, args.set)
+
     root = Path(args.workdir).absolute()
     table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *dict.fromkeys(args.algos))}
+    wins: dict[str, dict[str, list[list[int]]]] = {a: {} for a in table}  # per seed, per game
     panel_name = f"panel_{args.panel}"
     start = time.perf_counter()
     pool = None
     if args.panel:
         from roleagent_jax.envs import get_family
 
-        demo = demo_config(args.env)
+        demo = config()
         # the most held-out split (alfworld: gen_unseen); a family whose demo fixes its world (webshop's
         # shop_seed) gives the same goals for every seed, so there the panel replays the demo's own eval goals
         panel_split = demo.env.eval_splits[-1]
@@ -129,20 +193,24 @@ def main() -> None:
             panel_split, gen_dir=root / "panel_games", n=args.panel, seed=PANEL_GEN_SEED,
             options=demo.env[demo.env.name].to_dict(),
         )  # fmt: skip
+    warm_before = None
     for seed in args.seeds:
-        base = demo_config(args.env)
+        base = config()
         base.seed = seed
         base.env.gen.dir = str(root / "games")
         base.log.progress = False
         if args.iterations is not None:
             base.iterations = args.iterations
         warm = base.copy_and_resolve_references()
-        warm.workdir = str(root / f"seed{seed}" / "warmstart")
+        warm.seed = args.seeds[0] if args.one_warmstart else seed
+        warm.workdir = str(root / ("warmstart" if args.one_warmstart else f"seed{seed}/warmstart"))
         warm.iterations = 0
-        summary = run(warm)
-        for split, res in summary["eval"]["before"].items():
+        if warm_before is None or not args.one_warmstart:
+            warm_before = run(warm)["eval"]["before"]
+            print(f"seed {warm.seed} warm start: " + json.dumps(brief(warm_before)), flush=True)
+        for split, res in warm_before.items():
             table["warm start"].setdefault(split, []).append(res["success"])
-        print(f"seed {seed} warm start: " + json.dumps(summary["eval"]["before"]), flush=True)
+            wins["warm start"].setdefault(split, []).append(res.get("wins", []))
         models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
         for algo in dict.fromkeys(args.algos):
             c = base.copy_and_resolve_references()
@@ -154,7 +222,8 @@ def main() -> None:
             summary = run(c)
             for split, res in summary["eval"]["after"].items():
                 table[algo].setdefault(split, []).append(res["success"])
-            print(f"seed {seed} {algo}: " + json.dumps(summary["eval"]["after"]), flush=True)
+                wins[algo].setdefault(split, []).append(res.get("wins", []))
+            print(f"seed {seed} {algo}: " + json.dumps(brief(summary["eval"]["after"])), flush=True)
             models[algo] = Path(summary["final_model"])
         if pool is not None:
             for name, model_dir in models.items():
@@ -163,9 +232,18 @@ def main() -> None:
                 print(f"seed {seed} {name} on {args.panel} fresh unseen games: {100 * score:.1f}", flush=True)
     splits = sorted(s for s in table["warm start"] if s != panel_name)
     n = len(args.seeds)
-    print_table(f"success % on held-out generated games ({n} seeds, mean +- standard error)", table, splits)
+    print_table(f"success % on held-out tasks ({n} seeds, mean +- standard error)", table, splits)
     print_table(f"gain over the seed's warm start, points ({n} seeds, mean +- standard error)",
                 gains(table, splits), splits)  # fmt: skip
+    per_game = {
+        algo: {s: paired_games(wins[algo][s], wins["warm start"][s][0]) for s in splits}
+        for algo in args.algos
+        if all(wins[algo].get(s) and all(wins[algo][s]) for s in splits) and args.one_warmstart
+    }
+    if per_game:
+        print(f"\ngain over the warm start, points, paired per game (mean of {n} seeds +- SE over games)")
+        for algo, row in per_game.items():
+            print(f"{algo:12s}" + "".join(f"{100 * m:12.1f} +- {100 * e:5.1f}" for m, e in row.values()))
     if pool is not None:
         print_table(
             f"success % on {args.panel} fresh held-out tasks, mean of {args.draws} draws ({n} seeds, mean +- SE)",
@@ -177,13 +255,21 @@ def main() -> None:
     print_json(
         {
             "bench": "learning",
-            "env": args.env,
+            "config": args.config or f"configs/{DEMO_CONFIGS[args.env]}.py",
+            "set": args.set,
+            "one_warmstart": args.one_warmstart,
             "seeds": args.seeds,
             "success_mean_se": out,
             "success_per_seed": per_seed,
+            "gain_paired_per_game": per_game,
             "wall_s": time.perf_counter() - start,
         }
     )
+
+
+def brief(evals: dict) -> dict:
+    """An evaluation's summaries without the per-game lists, for the progress lines."""
+    return {split: {k: v for k, v in res.items() if k != "wins"} for split, res in evals.items()}
 
 
 if __name__ == "__main__":

@@ -104,7 +104,9 @@ def summarize(
     summary of an evaluation, for this command, the trainer's evaluations and the report. Families that
     score episodes (`Observation.score`) also get `score_name` and the mean score under that name, its
     standard error (`<score_name>_se`) and the mean per type (`per_type_<score_name>`); an episode that
-    ended without a score counts 0. With the pool, the games whose environment failed, by name and reason."""
+    ended without a score counts 0. With the pool, the games whose environment failed, by name and reason.
+    `wins` lists each game's outcome in task-id order, so two evaluations of the same games pair up (the paired
+    difference's standard error, a fixed subset's rate)."""
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -120,6 +122,7 @@ def summarize(
         "failed_games": failed_games(trajs, pool) if pool is not None else [],
         "invalid_rate": invalid / max(steps, 1),
         "mean_steps": steps / max(n, 1),
+        "wins": [int(t.won) for t in sorted(trajs, key=lambda t: t.task_id)],
     }
     if any(t.score is not None for t in trajs):
         scores = {k: [t.score or 0.0 for t in trajs if t.task_type == k] for k in per_type}

@@ -126,9 +126,11 @@ def iteration_metrics(
 
 def eval_metrics(split: str, summary: dict) -> dict[str, float]:
     """An evaluation summary (`evaluate.summarize`) as scalars: success overall (`all`) and per task
-    type, and the family's score (WebShop's score, search-QA's EM) where it has one."""
+    type, the number of games played, and the family's score (WebShop's score, search-QA's EM) where it
+    has one."""
     out = {f"eval/{split}/{k}": v for k, v in summary["per_type"].items()}
     out[f"eval/{split}/all"] = summary["success"]
+    out[f"eval/{split}/games"] = float(summary["n"])
     if "score_name" in summary:
         out[f"eval/{split}/{summary['score_name']}"] = summary[summary["score_name"]]
     return out

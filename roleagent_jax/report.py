@@ -36,10 +36,21 @@ def _games(summary: dict) -> dict[str, int]:
     return {**summary.get("count_per_type", {}), "all": summary.get("n")} if summary else {}
 
 
+def paired_difference(before: dict, after: dict) -> tuple[float, float] | None:
+    """Mean and standard error of after - before over the same games (`wins` of both summaries): the
+    games' own difficulty cancels, so it is tighter than the two binomial errors combined."""
+    b, a = before.get("wins"), after.get("wins")
+    if not b or not a or len(a) != len(b):
+        return None
+    d = np.asarray(a, float) - np.asarray(b, float)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+
+
 def evaluation_rows(before: dict, after: dict) -> list[str]:
     """Markdown rows from the before/after summaries of each split: success before and after RL and the
-    difference, each with its standard error (binomial; a split without game counts shows the rates
-    alone), then the family's score (mean ± its standard error) where it has one."""
+    difference, each with its standard error (binomial; the overall difference paired over the same
+    games where both summaries list them; a split without game counts shows the rates alone), then the
+    family's score (mean ± its standard error) where it has one."""
     rows = []
     for split in sorted(set(before) | set(after)):
         sb, sa = before.get(split, {}), after.get(split, {})
@@ -51,6 +62,9 @@ def evaluation_rows(before: dict, after: dict) -> list[str]:
             diff = "-"
             if pb is not None and pa is not None:
                 se_d = difference_se(pb, nt, pa, nt) if nt else None
+                paired = paired_difference(sb, sa) if t == "all" else None
+                if paired is not None:
+                    se_d = paired[1]
                 diff = _cell(pa - pb, se_d)
                 diff = diff if diff.startswith("-") else "+" + diff
             rows.append(
@@ -88,6 +102,27 @@ def _plot_lines(series: dict, title: str, ylabel: str, path: Path, percent: bool
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def curve_series(
+    history: list[dict], evals: dict, iterations: int
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Held-out success per split over RL: the evaluations every `eval.every` iterations, with the same
+    games' rate before RL (iteration 0) and after it (the last iteration) read from the full evaluations'
+    per-game `wins`, so every point of a line is the same fixed subset of games."""
+    lines = {}
+    for split, (steps, values) in _series(history, "eval/").items():
+        if not split.endswith("/all"):
+            continue
+        split = split[: -len("/all")]
+        n = int(next((r[f"eval/{split}/games"] for r in history if f"eval/{split}/games" in r), 0))
+        points = dict(zip(steps, values, strict=True))
+        for step, when in ((0, "before"), (iterations, "after")):
+            wins = evals.get(when, {}).get(split, {}).get("wins")
+            if n and wins and len(wins) >= n:
+                points[step] = float(np.mean(wins[:n]))
+        lines[f"{split} (the first {n} games)" if n else split] = (sorted(points), [points[k] for k in sorted(points)])
+    return lines
 
 
 def _plot_before_after(before: dict, after: dict, path: Path) -> Path | None:
@@ -175,6 +210,13 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     plots = {
         "Training success per task type": _plot_lines(
             _series(history, "train/success/"), "rollout success", "success %", out / "success.png", True
+        ),
+        "Held-out success during RL (a fixed subset of each split)": _plot_lines(
+            curve_series(history, host.get("eval", {}), int(host.get("iteration", 0))),
+            "held-out success on the same games over RL",
+            "success %",
+            out / "learning_curve.png",
+            True,
         ),
         "Success per task type, before and after RL": _plot_before_after(
             host.get("eval", {}).get("before", {}),

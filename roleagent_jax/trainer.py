@@ -276,7 +276,8 @@ class Trainer:
             metrics = self.iteration(it)
             if c.eval.every and (it + 1) % c.eval.every == 0 and it + 1 < c.iterations:
                 for split in c.env.eval_splits:
-                    metrics.update(eval_metrics(split, self.evaluate(split, limit=c.eval.limit)))
+                    summary = self.evaluate(split, limit=c.eval.curve_games or c.eval.limit)
+                    metrics.update(eval_metrics(split, summary))
             self.host["iteration"] = it + 1
             self.logger.log(it + 1, metrics, echo=not c.log.progress)
             bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")  # fmt: skip

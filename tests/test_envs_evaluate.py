@@ -104,9 +104,11 @@ def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics(
     assert math.isclose(s["em_se"], statistics.stdev(every) / 2)
     assert s["per_type_em"] == {"a": 0.75, "b": 0.125} and s["success"] == 0.25
     assert eval_metrics("test", s) == {"eval/test/a": 0.5, "eval/test/b": 0.0, "eval/test/all": 0.25,
-                                       "eval/test/em": s["em"]}  # fmt: skip
+                                       "eval/test/games": 4.0, "eval/test/em": s["em"]}  # fmt: skip
+    assert s["wins"] == [1, 0, 0, 0]  # each game's outcome, for paired comparisons
     unscored = ev.summarize("test", [traj("a", True, None)], ["a"])
     assert "score_name" not in unscored and set(eval_metrics("test", unscored)) == {
         "eval/test/a",
         "eval/test/all",
+        "eval/test/games",
     }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from ml_collections import ConfigDict
 
-from roleagent_jax.report import binomial_se, difference_se, write_report
+from roleagent_jax.report import binomial_se, curve_series, difference_se, paired_difference, write_report
 
 
 def test_binomial_standard_error_matches_the_formula():
@@ -56,3 +57,38 @@ def test_report_tabulates_each_aiw_round_and_plots_the_mix_and_the_share_shift(t
     assert "| 3 |" not in text
     assert (tmp_path / "report" / "failure_types.png").stat().st_size > 0
     assert (tmp_path / "report" / "sampling.png").stat().st_size > 0
+
+
+def test_the_overall_difference_is_paired_over_the_same_games(tmp_path):
+    # 8 games: 3 won before and after, 2 gained, 1 lost; the paired SE uses the per-game differences
+    before = [1, 1, 1, 0, 0, 1, 0, 0]
+    after = [1, 1, 1, 1, 1, 0, 0, 0]
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    mean = sum(d) / 8
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 7 / 8)
+    assert paired_difference({"wins": before}, {"wins": after}) == pytest.approx((mean, se))
+    assert paired_difference({"wins": before}, {"wins": after[:4]}) is None  # not the same games
+
+    def summary(wins):
+        return {"per_type": {}, "count_per_type": {}, "n": 8, "success": sum(wins) / 8, "wins": wins}
+
+    host = {"eval": {"before": {"s": summary(before)}, "after": {"s": summary(after)}}}
+    text = write_report(tmp_path, ConfigDict({"algo": "grpo"}), [], host).read_text()
+    assert f"| s | all | 8 | 50.0 ± 17.7 | 62.5 ± 17.1 | +12.5 ± {100 * se:.1f} |" in text
+
+
+def test_the_learning_curve_reads_the_same_games_before_and_after_rl(tmp_path):
+    history = [
+        {"step": 2, "eval/s/all": 0.5, "eval/s/games": 4.0, "eval/s/a": 0.5},
+        {"step": 4, "eval/s/all": 0.75, "eval/s/games": 4.0, "eval/s/a": 0.75},
+    ]
+    evals = {
+        when: {"s": {"per_type": {}, "count_per_type": {}, "n": 6, "success": 0.5, "wins": wins}}
+        for when, wins in (("before", [0, 1, 0, 0, 1, 1]), ("after", [1, 1, 1, 1, 0, 0]))
+    }
+    curve = curve_series(history, evals, iterations=6)
+    # iteration 0 and 6: the first 4 games of the full evaluations, as the evaluations in between played
+    assert curve == {"s (the first 4 games)": ([0, 2, 4, 6], [0.25, 0.5, 0.75, 1.0])}
+    host = {"eval": evals, "iteration": 6}
+    write_report(tmp_path, ConfigDict({"algo": "grpo"}), history, host)
+    assert (tmp_path / "report" / "learning_curve.png").stat().st_size > 0

@@ -181,6 +181,8 @@ EVAL = Section("eval", "evaluation on env.eval_splits", [
     Key("temperature", 0.4, "sampling temperature", ge=0.0),
     Key("greedy", False, "greedy decoding instead"),
     Key("limit", 0, "games per split (0 = every game of the split)", ge=0),
+    Key("curve_games", 0, "games per split in the evaluations every `every` iterations (0 = as `limit`): the "
+        "same first games each time, a learning curve's fixed subset", ge=0),
 ])  # fmt: skip
 
 CHECKPOINT = Section("checkpoint", "checkpoints in <workdir>/checkpoints", [
