@@ -17,7 +17,9 @@ same random model, alternating rounds as above.
 ``--update`` times that LoRA step on the trainer's own grid (``pack_rows`` of rows with ~``--prompt``-token
 prompts and ~``--response``-token responses): today's step (the LM head at every position, adapters on
 every layer) against the head at the response tokens only (``target_index``), alone and with adapters
-on the top ``--top`` layers only (``lora.layers``). Rates count real tokens.
+on the top ``--top`` layers only (``lora.layers``). Rates count real tokens; the paired speed-ups are
+the median over rounds of each round's own ratio (a machine whose load drifts between rounds skews the
+ratio of medians).
 
     python benchmarks/forward.py --update --shape smollm2-135m --lora-rank 16 --batch 4
 """
@@ -214,6 +216,10 @@ def update_main(args) -> None:
             "lora_rank": args.lora_rank,
             "tokens_per_s": {name: round(r, 1) for name, r in rates.items()},
             "speedup_vs_today": {name: round(r / rates["today"], 3) for name, r in rates.items()},
+            # Each round's own ratio, then their median: robust to a load that drifts between rounds.
+            "paired_speedup_vs_today": {
+                name: round(float(np.median(np.divide(times["today"], t))), 3) for name, t in times.items()
+            },
             "rows": args.batch,
             "grid": list(batch["input_ids"].shape),
             "targets": int(batch[TARGET_KEY].shape[1]),
