@@ -700,6 +700,6 @@ def ppo_epochs(
             state, metrics = train_step(state, {k: jnp.asarray(v[idx]) for k, v in packed.items()}, frozen)
             for k, v in metrics.items():
                 sums.setdefault(f"update/{k}", []).append(float(v))
-            for k, v in train_step.times.items():
+            for k, v in getattr(train_step, "times", {}).items():  # a TrainStep times its phases
                 times[f"time/update/{k}"] = times.get(f"time/update/{k}", 0.0) + v
     return state, {**{k: float(np.mean(v)) for k, v in sums.items()}, **times}
