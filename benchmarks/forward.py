@@ -2,6 +2,7 @@
 
     python benchmarks/forward.py [--batch 8] [--seq 512] [--rounds 3] [--model DIR]
     python benchmarks/forward.py --lora-rank 16 [--shape demo|smollm2-135m|bench] [--batch 8] [--seq 512]
+    python benchmarks/forward.py --update --lora-rank 16 [--shape smollm2-135m] [--batch 4] [--prompt 220] [--response 30]
 
 Both sides start from the same weights: random ones (the PyTorch model is saved and loaded with
 ``load_pretrained``), or a real Hugging Face Llama / Qwen2 directory given by ``--model`` (transformers
@@ -12,6 +13,15 @@ rates; compilation time is reported separately. Last line: one JSON object.
 ``--lora-rank R`` times the project's own PPO train step (``train_step.make_train_step``: loss, grads,
 AdamW update, donated state) with rank-R adapters on every projection against full fine-tuning of the
 same random model, alternating rounds as above.
+
+``--update`` times that LoRA step on the trainer's own grid (``pack_rows`` of rows with ~``--prompt``-token
+prompts and ~``--response``-token responses): today's step (the LM head at every position, adapters on
+every layer) against the head at the response tokens only (``target_index``), alone and with adapters
+on the top ``--top`` layers only (``lora.layers``). Rates count real tokens; the paired speed-ups are
+the median over rounds of each round's own ratio (a machine whose load drifts between rounds skews the
+ratio of medians).
+
+    python benchmarks/forward.py --update --shape smollm2-135m --lora-rank 16 --batch 4
 """
 
 from __future__ import annotations
@@ -34,7 +44,13 @@ from flax import nnx  # noqa: E402
 from benchmarks.common import BENCH_QWEN2, matmul_flops_per_s, model_flops_per_token, print_json  # noqa: E402
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained  # noqa: E402
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora  # noqa: E402
-from roleagent_jax.train_step import TrainState, make_optimizer, make_train_step  # noqa: E402
+from roleagent_jax.train_step import (  # noqa: E402
+    TARGET_KEY,
+    TrainState,
+    make_optimizer,
+    make_train_step,
+    pack_rows,
+)
 
 # Model shapes of the LoRA comparison: the demo's random-init model (configs/demo.py, its ~1024-token
 # trained tokenizer) and SmolLM2-135M's architecture (random weights: only speed is measured).
@@ -134,6 +150,87 @@ def lora_main(args) -> None:
     )
 
 
+def update_batch(vocab: int, rows: int, prompt: int, response: int) -> dict[str, jax.Array]:
+    """The trainer's grid (``pack_rows``, its default length bucket) of random rows whose prompts are
+    within 10% of ``prompt`` tokens and responses within 20% of ``response``."""
+    rng = np.random.RandomState(0)
+
+    def around(n: int, spread: float) -> int:
+        return int(rng.randint(max(1, round(n * (1 - spread))), round(n * (1 + spread)) + 1))
+
+    prompts = [rng.randint(1, vocab, around(prompt, 0.1)) for _ in range(rows)]
+    responses = [rng.randint(1, vocab, around(response, 0.2)) for _ in range(rows)]
+    grid = {k: jnp.asarray(v) for k, v in pack_rows(prompts, responses, 0).items()}
+    grid["advantages"] = jnp.asarray(rng.normal(size=rows), jnp.float32)
+    grid["old_logprobs"] = grid["ref_logprobs"] = jnp.full(
+        grid["loss_mask"].shape, -np.log(vocab), jnp.float32
+    )
+    return grid
+
+
+def update_main(args) -> None:
+    """Today's LoRA step against the head at the response tokens, alone and with adapters on the top
+    layers only; one model's base shared by every variant, rounds alternating."""
+    cfg = Qwen2Config.from_hf(dict(SHAPES[args.shape], model_type="qwen2"))
+    batch = update_batch(cfg.vocab_size, args.batch, args.prompt, args.response)
+    whole = {k: v for k, v in batch.items() if k != TARGET_KEY}
+    optimizer = make_optimizer(1e-5)
+    loss = {"kl_type": "low_var_kl", "kl_coef": 0.01}
+    plain_def, base_state = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    variants = [("today", 0, whole), ("targets", 0, batch)]
+    variants += [(f"targets_top{k}", k, batch) for k in args.top if k < cfg.num_hidden_layers]
+    runs = {}
+    for name, layers, grid in variants:
+        model = nnx.merge(plain_def, base_state)  # the same base arrays, fresh adapters
+        add_lora(model, LoRAConfig(rank=args.lora_rank, layers=layers), nnx.Rngs(1))
+        graphdef, params, base = nnx.split(model, LoRAParam, ...)
+        step = make_train_step(graphdef, optimizer, loss)
+        state = TrainState.create(params, optimizer, jax.random.PRNGKey(0))
+        start = time.perf_counter()
+        state, _ = step(state, grid, base)  # compiles, then warms up
+        jax.block_until_ready(state)
+        runs[name] = {"step": step, "state": state, "base": base, "grid": grid, "layers": layers}
+        runs[name]["compile_s"] = time.perf_counter() - start
+        print(f"{name}: compiled and warmed up in {runs[name]['compile_s']:.1f}s", flush=True)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run["state"], metrics = run["step"](run["state"], run["grid"], run["base"])
+            jax.block_until_ready((run["state"], metrics))
+            times[name].append(time.perf_counter() - t0)
+            phases[name].append(dict(run["step"].times))
+    tokens = int(np.asarray(batch["attention_mask"]).sum())
+    rates = {name: tokens / float(np.median(t)) for name, t in times.items()}
+    for name in runs:
+        opt = np.median([p["optimizer"] for p in phases[name]])
+        print(
+            f"{name:16s} {rates[name]:8.1f} tok/s  x{rates[name] / rates['today']:.2f}  (step times "
+            f"{[round(t, 2) for t in times[name]]}, optimizer {opt:.3f}s, compile {runs[name]['compile_s']:.0f}s)"
+        )
+    print_json(
+        {
+            "bench": "forward_update",
+            "shape": args.shape,
+            "lora_rank": args.lora_rank,
+            "tokens_per_s": {name: round(r, 1) for name, r in rates.items()},
+            "speedup_vs_today": {name: round(r / rates["today"], 3) for name, r in rates.items()},
+            # Each round's own ratio, then their median: robust to a load that drifts between rounds.
+            "paired_speedup_vs_today": {
+                name: round(float(np.median(np.divide(times["today"], t))), 3) for name, t in times.items()
+            },
+            "rows": args.batch,
+            "grid": list(batch["input_ids"].shape),
+            "targets": int(batch[TARGET_KEY].shape[1]),
+            "real_tokens": tokens,
+            "response_tokens": int(np.asarray(batch["loss_mask"]).sum()),
+            "rounds": args.rounds,
+            "devices": jax.device_count(),
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -144,9 +241,18 @@ def main() -> None:
     )
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA against full fine-tuning")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="bench", help="model of --lora-rank")
+    parser.add_argument("--update", action="store_true", help="head at targets and top-k adapters")
+    parser.add_argument("--prompt", type=int, default=220, help="--update: prompt tokens per row (about)")
+    parser.add_argument("--response", type=int, default=30, help="--update: response tokens per row (about)")
+    parser.add_argument("--top", type=int, nargs="+", default=[4, 8, 15], help="--update: adapted top layers")
     args = parser.parse_args()
     if args.lora_rank < 0:
         parser.error(f"--lora-rank={args.lora_rank}: must be >= 0")
+    if args.update:
+        if not args.lora_rank:
+            parser.error("--update times LoRA steps: give --lora-rank R (> 0)")
+        update_main(args)
+        return
     if args.lora_rank:
         lora_main(args)
         return

@@ -25,7 +25,7 @@ from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
-from roleagent_jax.train_step import make_optimizer
+from roleagent_jax.train_step import TARGET_BUCKET, _round_up, make_optimizer
 
 GIB = 1024**3
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.
@@ -71,6 +71,8 @@ class Workload:
     shared_prefix: int = 0  # prompt tokens the rows of a group share (0: plan the plain layout)
     lora_rank: int = 0  # adapters' rank (0: full fine-tuning)
     lora_targets: tuple[str, ...] = ()
+    lora_layers: int = 0  # adapters on the top k layers only (0: every layer)
+    target_len: int = 0  # tokens per row the LM head runs at (the response; 0: the whole row)
 
     @classmethod
     def from_config(
@@ -95,6 +97,7 @@ class Workload:
         rows = next(b for b in buckets if b >= min(rows, buckets[-1]))
         prompt = next((b for b in PROMPT_BUCKETS if b >= r.max_prompt_tokens), r.max_prompt_tokens)
         new = max(r.max_response_tokens, c.wia.max_tokens if wia_mode == "separate" else 0)
+        trained = max(r.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor)  # as the trainer packs
         kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
         opt = dict(
             lr=c.optim.lr,
@@ -121,6 +124,8 @@ class Workload:
             shared_prefix=shared_prefix,
             lora_rank=c.lora.rank if lora_rank is None else lora_rank,
             lora_targets=tuple(c.lora.targets),
+            lora_layers=c.lora.layers,
+            target_len=_round_up(trained, TARGET_BUCKET),
         )
 
 
@@ -135,7 +140,9 @@ def abstract_params(cfg: Qwen2Config) -> nnx.State:
 
 def abstract_lora(cfg: Qwen2Config, work: Workload) -> tuple[Any, nnx.State, nnx.State]:
     """(graphdef, adapters, base) of the model with ``work``'s adapters, as ShapeDtypeStructs."""
-    lora = LoRAConfig(rank=work.lora_rank, targets=work.lora_targets or LoRAConfig().targets)
+    lora = LoRAConfig(
+        rank=work.lora_rank, targets=work.lora_targets or LoRAConfig().targets, layers=work.lora_layers
+    )
     model = nnx.eval_shape(lambda: add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), lora, nnx.Rngs(1)))
     return nnx.split(model, LoRAParam, ...)
 
@@ -235,7 +242,13 @@ def _per_device_rows(rows: int, sizes: dict[str, int]) -> int:
 
 
 def activation_bytes(
-    cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int], remat: bool
+    cfg: Qwen2Config,
+    rows: int,
+    seq: int,
+    sizes: dict[str, int],
+    remat: bool,
+    targets: int = 0,
+    backward_layers: int = 0,
 ) -> dict[str, int]:
     """Estimated per-device activation memory of one training micro-batch (forward kept for backward).
 
@@ -244,7 +257,10 @@ def activation_bytes(
     ``2(n+2kv)d·b``; attention output ``nd·b``; MLP gate, up, silu(gate), product ``4i·b``; attention
     scores, float32 probabilities and probabilities in ``b`` ``n·T·(8+b)``. Without remat every layer keeps all of that;
     with per-layer remat only each block's input (``h·b`` per token) is kept, plus one layer's worth
-    being recomputed. Logits, their float32 softmax and its gradient add ``3·V·4`` per token.
+    being recomputed. Logits, their float32 softmax and its gradient add ``3·V·4`` per token the head
+    runs at (``targets`` per row, the response; 0: every token). With adapters on the top
+    ``backward_layers`` only (0: all), only those keep activations for the backward pass: the frozen
+    layers below run forward one at a time.
     """
     b = np.dtype(cfg.dtype).itemsize
     t = sizes["tensor"]
@@ -259,21 +275,24 @@ def activation_bytes(
     split = (2 * (n + 2 * kv) * d + n * d + 4 * i) * b + n * seq * (8 + b)
     per_token_layer = 4 * h * b + split / t
     layer = r * seq * per_token_layer
-    logits = r * seq * 3 * 4 * math.ceil(cfg.vocab_size / t)
+    logits = r * (targets or seq) * 3 * 4 * math.ceil(cfg.vocab_size / t)
     embed = r * seq * h * b
+    kept = backward_layers or cfg.num_hidden_layers
     if remat:
-        layers = cfg.num_hidden_layers * r * seq * h * b + layer
+        layers = kept * r * seq * h * b + layer
     else:
-        layers = cfg.num_hidden_layers * layer
+        layers = kept * layer
     return {"layers": int(layers), "logits": int(logits), "embed": int(embed), "one_layer": int(layer)}
 
 
-def logprob_bytes(cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int]) -> int:
+def logprob_bytes(cfg: Qwen2Config, rows: int, seq: int, sizes: dict[str, int], targets: int = 0) -> int:
     """Per-device peak of the forward-only log-prob pass (old and reference log-probs): one layer's
-    activations at a time plus float32 logits and their exponentials ``2·V·4`` per token."""
+    activations at a time plus float32 logits and their exponentials ``2·V·4`` per token the head runs
+    at (``targets`` per row; 0: every token)."""
     act = activation_bytes(cfg, rows, seq, sizes, remat=True)
     r = _per_device_rows(rows, sizes)
-    return int(act["one_layer"] + r * seq * 2 * 4 * math.ceil(cfg.vocab_size / sizes["tensor"]))
+    head = r * (targets or seq) * 2 * 4 * math.ceil(cfg.vocab_size / sizes["tensor"])
+    return int(act["one_layer"] + head)
 
 
 def prefill_bytes(
@@ -349,6 +368,8 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
         flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(base)}
         merged = {k: v for k, v in flat.items() if k.endswith(kernels)}
         copy = (tree_bytes(merged), device_bytes(merged, mesh))
+        if work.lora_layers and not cfg.scan_layers:  # only the adapted layers' kernels are copied
+            copy = tuple(n * work.lora_layers // cfg.num_hidden_layers for n in copy)
     else:
         params = abstract_params(cfg)
         b_glob = b_dev = 0
@@ -379,17 +400,22 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
         )
         pre_note = f"{layout.prefix_bucket}-token prefix per group, {layout.suffix_bucket} per row"
     pre = prefill_bytes(cfg, work, sizes, layout)
-    act = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, work.remat)
-    act_other = activation_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, not work.remat)
+    kept = work.lora_layers if work.lora_rank else 0  # layers that run a backward pass (0: all)
+    shape = (cfg, work.micro_batch_rows, work.seq_len, sizes)
+    act = activation_bytes(*shape, work.remat, work.target_len, kept)
+    act_other = activation_bytes(*shape, not work.remat, work.target_len, kept)
     act_dev = act["layers"] + act["logits"] + act["embed"]
     other_dev = act_other["layers"] + act_other["logits"] + act_other["embed"]
     nd = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-    lp = logprob_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes)
-    lp_whole = logprob_bytes(cfg, work.mini_batch_rows, work.seq_len, sizes)
+    lp = logprob_bytes(cfg, work.micro_batch_rows, work.seq_len, sizes, work.target_len)
+    lp_whole = logprob_bytes(cfg, work.mini_batch_rows, work.seq_len, sizes, work.target_len)
     remat_note = "remat on" if work.remat else "remat off"
+    act_note = f", head at {work.target_len}" if work.target_len else ""
+    act_note += f", backward in the top {kept} layers" if kept else ""
     p_note = f"{n_params / 1e9:.3f}B x {np.dtype(cfg.param_dtype).name}"
     if work.lora_rank:
         p_note += f" + rank-{work.lora_rank} adapters ({n_trained / 1e6:.2f}M x float32)"
+        p_note += f" on the top {work.lora_layers} layers" if work.lora_layers else ""
     ref_note = "KL on: frozen copy" if work.kl else "KL off"
     if work.lora_rank and work.kl:
         ref_note = "KL on: the base with adapters off (no copy)"
@@ -422,7 +448,7 @@ def make_plan(cfg: Qwen2Config, label: str, sizes: dict[str, int], work: Workloa
             f"activations ({remat_note})",
             act_dev * nd,
             act_dev,
-            f"{work.micro_batch_rows} rows x {work.seq_len} tokens per micro-batch",
+            f"{work.micro_batch_rows} rows x {work.seq_len} tokens per micro-batch{act_note}",
         ),
         (
             f"activations ({'remat off' if work.remat else 'remat on'})",

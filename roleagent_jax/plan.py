@@ -262,7 +262,7 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
     """
     from roleagent_jax.sharding import make_mesh
-    from roleagent_jax.train_step import TrainState, make_train_step
+    from roleagent_jax.train_step import TARGET_KEY, TrainState, make_train_step
 
     n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
     if jax.device_count() != n:
@@ -294,6 +294,8 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
         }
     )
     grid["advantages"] = jax.ShapeDtypeStruct((rows,), np.float32)
+    if work.target_len:  # the head runs at the response columns, as pack_rows lays them out
+        grid[TARGET_KEY] = jax.ShapeDtypeStruct((rows, min(work.target_len, seq)), np.int32)
     step = make_train_step(
         graphdef,
         make_optimizer(**work.optimizer),

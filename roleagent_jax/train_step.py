@@ -4,11 +4,15 @@ Token grid (``pack_rows``): each row is ``[left pad | prompt | response | right 
 the prompt/response boundary. Alignment: ``logprobs[:, t]`` is the log-probability of token ``t``
 given tokens ``< t``, i.e. it comes from the logits at ``t - 1``; column 0 has no predictor and is 0.
 ``loss_mask`` is 1 exactly on response tokens, so old/ref/new log-probs, per-token advantages and the
-mask all index the same grid.
+mask all index the same grid. ``target_index`` ``[B, K]`` lists each row's response columns (K a
+bucketed width, padding 0): with it the LM head (logits, log-sum-exp, entropy over the vocabulary) runs
+on the hidden states of those K positions only, the ~30 response tokens of a ~250-token row, and the
+results are scattered back onto the grid (0 elsewhere). Without it every column is scored.
 
 The step is a pure function ``(state, batch) -> (state, metrics)`` jitted with explicit shardings
 (params by ``sharding.param_shardings``, optimizer moments mirroring their params, batch rows over
-``(data, fsdp)``) and the state donated. Micro-batches run in a ``lax.scan`` that sums loss
+``(data, fsdp)``) and the state donated. It runs as two programs, the gradients (forward and backward)
+and the optimizer update, so that each phase's time can be reported. Micro-batches run in a ``lax.scan`` that sums loss
 numerators, denominators and gradients, dividing once at the end, so the update equals the
 full-batch one.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +43,8 @@ from roleagent_jax.losses import LossConfig, loss_from_config, reduce_metrics
 log = logging.getLogger(__name__)
 
 MODEL_KEYS = ("input_ids", "attention_mask", "positions")
+TARGET_KEY = "target_index"
+TARGET_BUCKET = 16  # target widths are rounded up to a multiple of this: few compiled shapes
 SCHEDULES = ("constant", "cosine")
 _DROPOUT_STREAM = 0x10A  # folded into the state's key: adapter dropout draws its own random stream
 
@@ -180,22 +187,61 @@ def _current_lr(opt_state: Any) -> jax.Array | None:
 # log-probs
 
 
+def _logprob_entropy(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Log-prob of ``targets`` and entropy of each float32 logit row ``[..., V]``. The token's logit is
+    picked by a masked reduction over the vocabulary (partitions cleanly when the vocab dim is
+    sharded, unlike a gather)."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
+    probs = jnp.exp(logits - logz[..., None])
+    return picked - logz, logz - jnp.sum(probs * logits, axis=-1)
+
+
 def token_logprobs(logits: jax.Array, input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Shifted token log-probs and entropies on the token grid, in float32.
 
     ``out[:, t]`` scores token ``t`` with the distribution predicted at ``t - 1``; column 0 is 0.
-    The token's logit is picked by a masked reduction over the vocabulary (partitions cleanly when the
-    vocab dim is sharded, unlike a gather).
     """
-    logits = logits[:, :-1].astype(jnp.float32)
-    targets = input_ids[:, 1:]
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
-    picked = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
-    probs = jnp.exp(logits - logz[..., None])
-    entropy = logz - jnp.sum(probs * logits, axis=-1)
+    logp, entropy = _logprob_entropy(logits[:, :-1].astype(jnp.float32), input_ids[:, 1:])
     pad = jnp.zeros((logits.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, picked - logz], 1), jnp.concatenate([pad, entropy], 1)
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
+
+
+def target_logprobs(
+    head: Callable[[jax.Array], jax.Array], hidden: jax.Array, input_ids: jax.Array, index: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``token_logprobs`` at the columns ``index`` ``[B, K]`` only (0 = padding), on the ``[B, T]`` grid.
+
+    Only the K hidden states that predict those tokens (column ``t - 1`` for token ``t``) go through
+    ``head``: the vocabulary-wide work, forward and backward, shrinks from T to K positions per row.
+    """
+    b, t = input_ids.shape
+    index = index.astype(jnp.int32)
+    valid = index > 0
+    source = jnp.take_along_axis(hidden, jnp.maximum(index - 1, 0)[..., None], axis=1)
+    logits = head(source).astype(jnp.float32)
+    logp, entropy = _logprob_entropy(logits, jnp.take_along_axis(input_ids, index, axis=1))
+    rows = jnp.arange(b)[:, None]
+
+    def on_grid(x: jax.Array) -> jax.Array:  # padding adds 0 to column 0, which scores nothing
+        return jnp.zeros((b, t), jnp.float32).at[rows, index].add(jnp.where(valid, x, 0.0))
+
+    return on_grid(logp), on_grid(entropy)
+
+
+def target_index(loss_mask: np.ndarray, bucket: int = TARGET_BUCKET) -> np.ndarray:
+    """``[N, K]`` int32: each row's loss-carrying columns, in order, padded with 0 (column 0 never
+    carries a target); K is the most any row has rounded up to ``bucket``, at most the grid width."""
+    mask = np.asarray(loss_mask) > 0
+    if mask[:, 0].any():
+        raise ValueError("column 0 has no predicting position and cannot carry a target")
+    width = min(mask.shape[1], max(_round_up(int(mask.sum(1).max(initial=0)), bucket), bucket))
+    out = np.zeros((mask.shape[0], width), np.int32)
+    for i, row in enumerate(mask):
+        cols = np.flatnonzero(row)
+        out[i, : cols.size] = cols
+    return out
 
 
 def _model_logprobs(graphdef, params, batch, remat: bool, frozen=None, dropout_key=None):
@@ -203,8 +249,16 @@ def _model_logprobs(graphdef, params, batch, remat: bool, frozen=None, dropout_k
     if remat and hasattr(model, "config") and not getattr(model.config, "remat", True):
         # Per-layer rematerialisation as implemented by the model (only the block inputs are kept).
         model.config = dataclasses.replace(model.config, remat=True)
-    logits = model(batch["input_ids"], batch["attention_mask"], batch["positions"], dropout_key=dropout_key)
-    return token_logprobs(logits, batch["input_ids"])
+    ids = batch["input_ids"]
+    hidden = model.hidden(ids, batch["attention_mask"], batch["positions"], dropout_key=dropout_key)
+    if TARGET_KEY in batch:
+        return target_logprobs(model.head, hidden, ids, batch[TARGET_KEY])
+    return token_logprobs(model.head(hidden), ids)
+
+
+def _model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """What the model reads: the grid, and the target columns when the batch has them."""
+    return {k: batch[k] for k in (*MODEL_KEYS, TARGET_KEY) if k in batch}
 
 
 def _split_micro(x: jax.Array, micro: int) -> jax.Array:
@@ -242,8 +296,9 @@ def _micro_constraint(mesh: Mesh | None, tree: Any) -> Any:
 
 
 class LogprobFn:
-    """``(params, batch, frozen=None) -> logprobs [B, T]`` (float32, 0 at column 0 and on padding); see
-    module doc. ``frozen``: the LoRA base, when ``params`` are adapters."""
+    """``(params, batch, frozen=None) -> logprobs [B, T]`` (float32, 0 at column 0 and on padding; with
+    ``target_index`` in the batch, only those columns are scored, 0 elsewhere); see module doc.
+    ``frozen``: the LoRA base, when ``params`` are adapters."""
 
     def __init__(self, graphdef, mesh: Mesh | None = None, micro_batches: int = 1):
         self.graphdef, self.mesh, self.micro = graphdef, mesh, micro_batches
@@ -274,8 +329,8 @@ class LogprobFn:
         return jax.jit(fn, in_shardings=in_sh, out_shardings=shd.batch_sharding(mesh, 2))
 
     def __call__(self, params, batch: Mapping[str, Any], frozen=None) -> jax.Array:
-        inputs = {k: batch[k] for k in MODEL_KEYS}
-        key = jax.tree_util.tree_structure((params, frozen))
+        inputs = _model_inputs(batch)
+        key = (jax.tree_util.tree_structure((params, frozen)), tuple(inputs))
         if key not in self._jitted:
             self._jitted[key] = self._build(params, inputs, frozen)
         fn = self._jitted[key]
@@ -286,7 +341,8 @@ class LogprobFn:
 
 def make_logprob_fn(graphdef, mesh: Mesh | None = None, micro_batches: int = 1) -> LogprobFn:
     """Jitted token log-probs of the ``pack_rows`` grid, e.g. the old-policy and reference log-probs
-    computed once per batch before the update (extra batch keys are ignored)."""
+    computed once per batch before the update (at its ``target_index`` columns when it has them;
+    other batch keys are ignored)."""
     return LogprobFn(graphdef, mesh, micro_batches)
 
 
@@ -296,8 +352,10 @@ def make_logprob_fn(graphdef, mesh: Mesh | None = None, micro_batches: int = 1) 
 
 class TrainStep:
     """Callable ``(state, batch, frozen=None) -> (state, metrics)``: places inputs on their shardings,
-    then runs the jitted pure step (compiled once per state structure and batch layout; jit caches
-    shapes). ``frozen`` is the LoRA base when the state's params are adapters."""
+    then runs the jitted gradient program and the jitted optimizer program (each compiled once per
+    state structure and batch layout; jit caches shapes). ``frozen`` is the LoRA base when the state's
+    params are adapters. ``times`` holds the last call's seconds per phase (``forward_backward``,
+    ``optimizer``), each measured to its results being ready."""
 
     def __init__(
         self,
@@ -313,11 +371,15 @@ class TrainStep:
         self.graphdef, self.optimizer, self.loss_cfg = graphdef, optimizer, loss_cfg
         self.mesh, self.micro, self.remat = mesh, micro_batches, remat
         self._jitted: dict[Any, Any] = {}
-        self._state_sh: dict[Any, Any] = {}
+        self.times: dict[str, float] = {}
 
     def batch_keys(self) -> tuple[str, ...]:
         keys = (*MODEL_KEYS, "loss_mask", "advantages", "old_logprobs")
         return (*keys, "ref_logprobs") if self.loss_cfg.kl_type != "none" else keys
+
+    def _inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        keys = self.batch_keys() + ((TARGET_KEY,) if TARGET_KEY in batch else ())
+        return {k: batch[k] for k in keys}
 
     def state_shardings(self, state: TrainState) -> TrainState:
         """Target shardings of ``state`` on the mesh (params by the partition rules)."""
@@ -327,7 +389,9 @@ class TrainStep:
         opt_sh = _mirror_param_shardings(state.opt_state, state.params, param_sh, rep)
         return TrainState(params=param_sh, opt_state=opt_sh, step=rep, rng=rep)
 
-    def _step_fn(self, state: TrainState, batch: dict[str, jax.Array], frozen=None):
+    def _grads_fn(self, state: TrainState, batch: dict[str, jax.Array], frozen=None):
+        """Forward and backward: the gradients (summed over micro-batches, divided once, in the params'
+        dtype) and the loss metrics. Reads the state, changes nothing."""
         graphdef, micro, remat, mesh = self.graphdef, self.micro, self.remat, self.mesh
         loss = loss_from_config(self.loss_cfg)
         _check_rows(batch, micro)
@@ -369,31 +433,50 @@ class TrainStep:
 
         scale = 1.0 / jnp.maximum(den, 1.0)
         grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, params)
-        new_params = optax.apply_updates(params, updates)
         metrics = dict(reduce_metrics(sums))
-        metrics.update(loss=num * scale, grad_norm=grad_norm, loss_denominator=den)
-        lr = _current_lr(opt_state)
-        if lr is not None:
-            metrics["lr"] = lr
-        new_state = TrainState(params=new_params, opt_state=opt_state, step=state.step + 1, rng=state.rng)
-        return new_state, metrics
+        metrics.update(loss=num * scale, grad_norm=optax.tree.norm(grads), loss_denominator=den)
+        return grads, metrics
 
-    def _build(self, state: TrainState, batch: Mapping[str, Any], frozen):
+    def _apply_fn(self, state: TrainState, grads: Any):
+        """The optimizer update of ``state`` by ``grads``; reports the learning rate it used."""
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        lr = _current_lr(opt_state)
+        new_state = TrainState(params=new_params, opt_state=opt_state, step=state.step + 1, rng=state.rng)
+        return new_state, ({} if lr is None else {"lr": lr})
+
+    def _step_fn(self, state: TrainState, batch: dict[str, jax.Array], frozen=None):
+        """Both phases as one function (what ``lower`` compiles for the memory planner)."""
+        grads, metrics = self._grads_fn(state, batch, frozen)
+        state, extra = self._apply_fn(state, grads)
+        return state, {**metrics, **extra}
+
+    def _build(self, state: TrainState, batch: Mapping[str, Any], frozen, fused: bool = False):
+        """(gradient program, optimizer program, state shardings), or with ``fused`` the one-program step."""
         if self.mesh is None:
-            return jax.jit(self._step_fn, donate_argnums=0), None
+            if fused:
+                return jax.jit(self._step_fn, donate_argnums=0)
+            return jax.jit(self._grads_fn), jax.jit(self._apply_fn, donate_argnums=0), None
         state_sh = self.state_shardings(state)
+        rep = NamedSharding(self.mesh, P())
         frozen_sh = shd.param_shardings(frozen, self.mesh) if frozen is not None else None
         in_sh = (state_sh, _batch_shardings(self.mesh, batch), frozen_sh)
-        out_sh = (state_sh, NamedSharding(self.mesh, P()))
-        return jax.jit(self._step_fn, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=0), state_sh
+        if fused:
+            return jax.jit(self._step_fn, in_shardings=in_sh, out_shardings=(state_sh, rep), donate_argnums=0)
+        grads = jax.jit(self._grads_fn, in_shardings=in_sh, out_shardings=(state_sh.params, rep))
+        apply = jax.jit(
+            self._apply_fn,
+            in_shardings=(state_sh, state_sh.params),
+            out_shardings=(state_sh, rep),
+            donate_argnums=0,
+        )
+        return grads, apply, state_sh
 
     def lower(self, state: TrainState, batch: Mapping[str, Any], frozen=None) -> jax.stages.Lowered:
-        """The compiled step's program for these (possibly abstract) inputs, placed as a call places
-        them: what the memory planner measures."""
-        inputs = {k: batch[k] for k in self.batch_keys()}
-        return self._build(state, inputs, frozen)[0].lower(state, inputs, frozen)
+        """Both phases as one compiled program for these (possibly abstract) inputs, placed as a call
+        places them: what the memory planner measures (the two programs a call runs peak no higher)."""
+        inputs = self._inputs(batch)
+        return self._build(state, inputs, frozen, fused=True).lower(state, inputs, frozen)
 
     def __call__(
         self, state: TrainState, batch: Mapping[str, Any], frozen=None
@@ -401,18 +484,23 @@ class TrainStep:
         missing = [k for k in self.batch_keys() if k not in batch]
         if missing:
             raise ValueError(f"batch lacks {missing}; pack_rows gives the grid, add advantages and log-probs")
-        inputs = {k: batch[k] for k in self.batch_keys()}
+        inputs = self._inputs(batch)
         key = (
             jax.tree_util.tree_structure((state, frozen)),
             tuple((k, np.ndim(v)) for k, v in inputs.items()),
         )
         if key not in self._jitted:
             self._jitted[key] = self._build(state, inputs, frozen)
-        fn, state_sh = self._jitted[key]
+        grads_fn, apply_fn, state_sh = self._jitted[key]
         if self.mesh is not None:
             state = jax.device_put(state, state_sh)
             inputs = jax.device_put(inputs, _batch_shardings(self.mesh, inputs))
-        return fn(state, inputs, frozen)
+        start = time.perf_counter()
+        grads, metrics = jax.block_until_ready(grads_fn(state, inputs, frozen))
+        middle = time.perf_counter()
+        state, extra = jax.block_until_ready(apply_fn(state, grads))
+        self.times = {"forward_backward": middle - start, "optimizer": time.perf_counter() - middle}
+        return state, {**metrics, **extra}
 
 
 def make_train_step(
@@ -431,7 +519,7 @@ def make_train_step(
     mesh, each micro-batch by the data x fsdp size). ``remat`` turns on the model's per-layer
     rematerialisation. Metrics (replicated scalars): loss, pg_loss, kl_ref, entropy, clip_frac,
     dual_clip_frac, approx_kl, ratio (token means), tokens, loss_denominator, grad_norm (before
-    clipping), lr.
+    clipping), lr. With ``target_index`` (``pack_rows``) the LM head runs at the response columns only.
     """
     return TrainStep(graphdef, optimizer, LossConfig.from_any(loss_cfg), mesh, micro_batches, remat)
 
@@ -472,7 +560,8 @@ def pack_rows(
     responses longer than ``max_response`` are cut on the right. Counts are logged as a warning and,
     with ``stats``, stored as ``stats['prompts_truncated']`` / ``stats['responses_truncated']``.
     Returns numpy arrays: input_ids, attention_mask, positions (int32; positions count real tokens from
-    0, padding 0), loss_mask (float32, 1 on response tokens), and sampler_logprobs (float32, on response
+    0, padding 0), loss_mask (float32, 1 on response tokens), target_index (``target_index``: the
+    response columns, where the model's head runs), and sampler_logprobs (float32, on response
     tokens) when ``response_logprobs`` is given.
     """
     n = len(prompt_ids)
@@ -534,6 +623,7 @@ def pack_rows(
         "attention_mask": attention,
         "positions": positions,
         "loss_mask": loss_mask,
+        TARGET_KEY: target_index(loss_mask),
     }
     if response_logprobs is not None:
         out["sampler_logprobs"] = sampler_lp
@@ -576,7 +666,7 @@ def ppo_batch(
     packed["advantages"] = advantages[fill].astype(np.float32)
 
     def chunked(fn: Callable[[dict[str, jax.Array]], np.ndarray]) -> np.ndarray:
-        keys = (*MODEL_KEYS, "loss_mask")
+        keys = (*MODEL_KEYS, "loss_mask", TARGET_KEY)
         return np.concatenate(
             [fn({k: jnp.asarray(packed[k][s : s + mb]) for k in keys}) for s in range(0, padded, mb)]
         )
@@ -598,9 +688,11 @@ def ppo_epochs(
     frozen: Any = None,
 ) -> tuple[TrainState, dict[str, float]]:
     """PPO epochs over shuffled mini-batches of a `ppo_batch` (its first `n_rows` rows are real; the
-    padding rows stay last). Returns the new state and each metric's mean over the steps."""
+    padding rows stay last). Returns the new state, each metric's mean over the steps and each phase's
+    total seconds (``time/update/forward_backward``, ``time/update/optimizer``)."""
     padded, mb = len(packed["advantages"]), mini_batch_rows
     sums: dict[str, list[float]] = {}
+    times: dict[str, float] = {}
     for _ in range(epochs):
         order = np.concatenate([rng.permutation(n_rows), np.arange(n_rows, padded)])
         for start in range(0, padded, mb):
@@ -608,4 +700,6 @@ def ppo_epochs(
             state, metrics = train_step(state, {k: jnp.asarray(v[idx]) for k, v in packed.items()}, frozen)
             for k, v in metrics.items():
                 sums.setdefault(f"update/{k}", []).append(float(v))
-    return state, {k: float(np.mean(v)) for k, v in sums.items()}
+            for k, v in getattr(train_step, "times", {}).items():  # a TrainStep times its phases
+                times[f"time/update/{k}"] = times.get(f"time/update/{k}", 0.0) + v
+    return state, {**{k: float(np.mean(v)) for k, v in sums.items()}, **times}

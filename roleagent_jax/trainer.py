@@ -15,7 +15,9 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -43,6 +45,18 @@ from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
 from roleagent_jax.train_step import TrainState, make_train_step, ppo_batch, ppo_epochs
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
+
+
+def timed(fn: Callable[[Any], Any], name: str, times: dict[str, float]) -> Callable[[Any], Any]:
+    """``fn`` that adds its seconds to ``times[name]`` (its result must be ready when it returns)."""
+
+    def run(arg):
+        start = time.perf_counter()
+        out = fn(arg)
+        times[name] = times.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+    return run
 
 
 class Trainer:
@@ -174,12 +188,13 @@ class Trainer:
         if not rows:
             self.weights.drop_sampling_copy()
             return {}
+        times: dict[str, float] = {}
         packed = ppo_batch(
             rows, adv, pad_id=self.tokenizer.pad_token_id, max_prompt=c.rollout.max_prompt_tokens,
             max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
             mini_batch_rows=c.train.mini_batch_rows,
-            old_logprobs=None if c.train.old_logprobs == "sampler" else self.backend.logprobs,
-            ref_logprobs=self._ref_logprobs if self.kl else None,
+            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self.backend.logprobs, "old_logprobs", times),
+            ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
         )  # fmt: skip
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)
@@ -187,7 +202,7 @@ class Trainer:
             self.train_step, self.state, packed, len(rows), mini_batch_rows=c.train.mini_batch_rows,
             epochs=c.train.ppo_epochs, rng=np.random.default_rng([c.seed, it]), frozen=self.weights.base,
         )  # fmt: skip
-        return metrics
+        return {**metrics, **{f"time/update/{k}": v for k, v in times.items()}}
 
     def _ref_logprobs(self, batch) -> np.ndarray:
         return self.backend.logprobs(batch, self.weights.base if self.weights.lora else self.ref_params)

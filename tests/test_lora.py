@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_logits, torch_qwen2
 
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
-from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora, projections
+from roleagent_jax.models.lora import LoRAConfig, LoRAParam, adapted_layers, add_lora, merged, projections
 from roleagent_jax.models.peft_io import save_adapter
 from roleagent_jax.sharding import make_mesh, param_shardings
 from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
@@ -45,15 +45,21 @@ def test_fresh_adapter_leaves_every_logit_unchanged(scan):
 
 
 @pytest.mark.parametrize(
-    "scan,targets", [(False, ("q", "k", "v", "o", "gate", "up", "down")), (True, ("q", "v", "o", "down"))]
+    "scan,targets,layers",
+    [
+        (False, ("q", "k", "v", "o", "gate", "up", "down"), 0),
+        (True, ("q", "v", "o", "down"), 0),
+        (False, ("q", "k", "v", "o", "gate", "up", "down"), 1),
+        (True, ("q", "v", "o", "down"), 1),
+    ],
 )
-def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets):
+def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets, layers):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     torch_qwen2(tie=False, kv_heads=2, seed=3).save_pretrained(tmp_path / "src")
     model, _ = load_pretrained(tmp_path / "src", scan_layers=scan)
-    add_lora(model, LoRAConfig(rank=4, alpha=12, targets=targets), nnx.Rngs(2))
+    add_lora(model, LoRAConfig(rank=4, alpha=12, targets=targets, layers=layers), nnx.Rngs(2))
     randomise_b(model)
     ids, mask, pos = left_padded_batch(seed=5)
     ours = np.asarray(forward(model, ids, mask))
@@ -63,6 +69,8 @@ def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets)
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 12 and config["peft_type"] == "LORA"
     assert config["base_model_name_or_path"] == str(tmp_path / "src")
+    n = model.config.num_hidden_layers
+    assert config["layers_to_transform"] == (list(range(n - layers, n)) if layers else None)
 
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "src").eval().float()
     peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
@@ -72,6 +80,10 @@ def test_peft_adapter_on_the_exported_base_matches_ours(tmp_path, scan, targets)
     )
     assert max_diff_on_real(plain, theirs, mask) > 1e-2  # the adapters matter
     assert max_diff_on_real(ours, theirs, mask) <= 1e-4
+    adapted = {
+        int(m.group(1)) for k in peft_model.state_dict() if (m := re.search(r"layers\.(\d+)\..*lora_A", k))
+    }
+    assert adapted == set(range(n - layers if layers else 0, n))
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval().float()
     assert max_diff_on_real(torch_logits(reloaded, ids, mask, pos), theirs, mask) <= 1e-4
@@ -168,6 +180,73 @@ def test_sharded_lora_step_with_dropout_equals_single_device():
     assert float(jnp.abs(keyed - model(batch["input_ids"])).max()) > 1e-4
 
 
+def dot_count(jaxpr) -> int:
+    """Matmuls a jaxpr runs: its dot_general equations, those inside a scan once per iteration."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += eqn.primitive.name == "dot_general"
+        times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    total += times * dot_count(sub)
+    return total
+
+
+def top_k_model(scan: bool, layers: int, rank: int = 4):
+    model = Qwen2ForCausalLM(tiny_config(scan_layers=scan, num_hidden_layers=4), rngs=nnx.Rngs(0))
+    add_lora(model, LoRAConfig(rank=rank, layers=layers), nnx.Rngs(1))
+    randomise_b(model)
+    return model
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_no_backward_pass_below_the_lowest_adapted_layer(scan):
+    """The step's backward matmuls (its program's matmuls minus the forward's) grow by one block's worth
+    per adapted layer and are the head's input gradient plus the adapted blocks' only: nothing runs
+    backward through the frozen blocks below."""
+    from roleagent_jax.train_step import _model_logprobs
+
+    batch = fixed_batch()
+    batch["old_logprobs"] = batch["ref_logprobs"] = jnp.zeros(batch["loss_mask"].shape)
+    optimizer = make_optimizer(1e-3)
+    backward = {}
+    for layers in (1, 2, 4):
+        graphdef, adapters, base = nnx.split(top_k_model(scan, layers), LoRAParam, ...)
+        step = make_train_step(graphdef, optimizer, {"kl_type": "low_var_kl"})
+        state = TrainState.create(adapters, optimizer, jax.random.PRNGKey(0))
+        whole = dot_count(jax.make_jaxpr(step._step_fn)(state, batch, base).jaxpr)
+        trace = jax.make_jaxpr(_model_logprobs, static_argnums=(0, 3))
+        forward = dot_count(trace(graphdef, adapters, batch, False, base).jaxpr)
+        backward[layers] = whole - forward
+    block = backward[2] - backward[1]  # one more adapted block
+    assert block > 0 and backward[4] == backward[2] + 2 * block, backward
+    # One adapted block: at most a block's backward plus the head's input gradient (the lowest adapted
+    # block needs no gradient for its own input); a backward through the 3 frozen blocks would add theirs.
+    assert backward[1] <= block + 1, backward
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_top_k_adapters_sit_on_the_top_layers_and_train(scan):
+    model = top_k_model(scan, layers=2)
+    assert adapted_layers(model) == [2, 3]
+    ids, mask, _ = left_padded_batch()
+    # The merged model runs every block alike (one scan): the split scan computes the same function.
+    np.testing.assert_allclose(forward(merged(model), ids, mask), forward(model, ids, mask), atol=1e-5)
+    graphdef, adapters, base = nnx.split(model, LoRAParam, ...)
+    step = make_train_step(graphdef, optax.sgd(1.0), {"kl_type": "none"})
+    batch = fixed_batch()
+    batch["old_logprobs"] = make_logprob_fn(graphdef)(adapters, batch, base)
+    state, metrics = step(TrainState.create(adapters, optax.sgd(1.0), jax.random.PRNGKey(0)), batch, base)
+    moved = [
+        float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(adapters))
+    ]
+    assert float(metrics["grad_norm"]) > 0 and max(moved) > 0
+    with pytest.raises(ValueError, match="lora.layers=5: the model has only 4 layers"):
+        top_k_model(scan, layers=5)
+
+
 # -- configuration and planning --------------------------------------------------------------------
 
 
@@ -181,6 +260,7 @@ def test_bad_lora_config_names_the_key_and_value():
         ("alpha", 0.0, "--config.lora.alpha=0.0: must be a number > 0"),
         ("dropout", 1.0, "--config.lora.dropout=1.0: must be a number in [0, 1)"),
         ("targets", ("q", "qkv"), "--config.lora.targets=('q', 'qkv'): must be distinct names among"),
+        ("layers", -1, "--config.lora.layers=-1: must be"),
     ):
         c = load("base")
         c.lora[key] = value
@@ -210,6 +290,13 @@ def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
     kernels = [v for k, v in nnx.to_flat_state(base) if str(k[-2]).endswith("_proj") and k[-1] == "kernel"]
     assert rows["sampling copy (LoRA)"][0] == nbytes(kernels)  # every projection has an adapter
     assert lora.phases["persistent"] < full.phases["persistent"] / 2
+    # Adapters on the top layer only: its adapters' optimizer state, one layer's activations.
+    top = plan.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_layers=1), 32)
+    one = add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=8, layers=1), nnx.Rngs(1))
+    top_rows = {name: (g, dev) for name, g, dev, _ in top.rows}
+    assert top_rows["optimizer state"][0] == nbytes(make_optimizer(**OPT).init(nnx.state(one, LoRAParam)))
+    assert top_rows["optimizer state"][0] < rows["optimizer state"][0]
+    assert top_rows["activations (remat off)"][1] < rows["activations (remat off)"][1]
 
 
 def nbytes(tree) -> int:

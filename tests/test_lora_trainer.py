@@ -42,11 +42,12 @@ def test_lora_run_exports_a_merged_model_and_a_peft_adapter(tmp_path):
     trainer = Trainer(lora_config(tmp_path / "run", 1))
     try:
         trainer.warm_start()
-        trainer.iteration(0)
+        metrics = trainer.iteration(0)
         trainer.host["iteration"] = 1
         trainer.finish()
     finally:
         trainer.close()
+    assert metrics["time/update/forward_backward"] > 0 and metrics["time/update/optimizer"] > 0
     final = tmp_path / "run" / "hf_final"
     config = json.loads((final / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tmp_path / "run" / "hf_warmstart")

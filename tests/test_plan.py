@@ -134,6 +134,9 @@ def test_activation_estimate_behaves():
     assert double["layers"] == 2 * off["layers"]
     split = plan.activation_bytes(cfg, 16, 2560, dict(sizes, tensor=2), remat=False)
     assert split["logits"] * 2 == off["logits"] and split["layers"] < off["layers"]
+    # The head at 512 response tokens a row, a backward pass through the top 7 layers only.
+    top = plan.activation_bytes(cfg, 16, 2560, sizes, remat=False, targets=512, backward_layers=7)
+    assert top["layers"] == 7 * off["one_layer"] and top["logits"] * 5 == off["logits"]
 
 
 def test_plan_1_5b_fits_v4_and_7b_gets_checked_advice():
@@ -204,7 +207,8 @@ def test_xla_arguments_equal_planned_state_plus_batch():
         plan.abstract_opt_state(params, work.optimizer), amesh, params=params
     )
     rows = 16 // 4
-    batch = rows * 64 * 4 * 5 + rows * 4  # ids, mask, positions, loss mask, old log-probs; advantages
+    # ids, mask, positions, loss mask, old log-probs; advantages; the response columns
+    batch = rows * 64 * 4 * 5 + rows * 4 + rows * min(work.target_len, 64) * 4
     assert abs(xla["argument"] - (state + batch)) <= 16  # step and RNG key
     assert xla["temp"] > 0 and xla["total"] >= xla["argument"]
     with pytest.raises(ValueError, match="devices"):

@@ -16,6 +16,7 @@ from roleagent_jax.train_step import (
     make_optimizer,
     make_train_step,
     pack_rows,
+    target_index,
     token_logprobs,
 )
 
@@ -129,6 +130,39 @@ def test_logprobs_on_grid_equal_unpadded_rows(setup):
         want = [logsm[len(p) + j - 1, tok] for j, tok in enumerate(r)]
         got = lp[i][packed["loss_mask"][i] > 0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_target_index_lists_each_rows_response_columns():
+    packed = pack_rows([[1, 2, 3], [4]], [[5, 6], [7, 8, 9]], PAD, length_bucket=8)
+    np.testing.assert_array_equal(
+        packed["target_index"], [[3, 4, 0, 0, 0, 0, 0, 0], [3, 4, 5, 0, 0, 0, 0, 0]]
+    )
+    mask = np.zeros((2, 64), np.float32)
+    mask[0, 40:57] = 1  # 17 targets: a width of 32 (the bucket is 16)
+    assert target_index(mask).shape == (2, 32)
+    with pytest.raises(ValueError, match="column 0"):
+        target_index(np.ones((1, 4)))
+
+
+def test_head_at_targets_equals_the_whole_grid(setup):
+    """The LM head run at the response columns only gives today's log-probs there (0 elsewhere), and the
+    same update: loss, metrics and new params, also over micro-batches."""
+    graphdef, params, logprob, batch = setup
+    whole = {k: v for k, v in batch.items() if k != "target_index"}
+    mask = np.asarray(batch["loss_mask"]) > 0
+    at, every = np.asarray(logprob(params, batch)), np.asarray(logprob(params, whole))
+    np.testing.assert_allclose(at[mask], every[mask], rtol=1e-5, atol=1e-6)
+    assert np.all(at[~mask] == 0.0) and np.any(every[~mask] != 0.0)
+    opt = optax.sgd(1.0)
+    cfg = dict(kl_type="low_var_kl", entropy_coef=0.01)
+    for micro in (1, 2):
+        step = make_train_step(graphdef, opt, cfg, micro_batches=micro)
+        s1, m1 = step(TrainState.create(params, opt, jax.random.key(0)), batch)
+        s2, m2 = step(TrainState.create(params, opt, jax.random.key(0)), whole)
+        assert_tree_close(s1.params, s2.params, 1e-5)
+        for k in m1:
+            np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+        assert set(step.times) == {"forward_backward", "optimizer"}
 
 
 def test_logprob_micro_batches_equal_one_pass(setup):

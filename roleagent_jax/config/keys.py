@@ -36,6 +36,8 @@ LORA = Section("lora", "LoRA adapters: only they train; the base is frozen and i
     Key("alpha", 16.0, "the update is scaled by alpha / rank"),
     Key("dropout", 0.0, "dropout on the adapters' input during updates"),
     Key("targets", ("q", "k", "v", "o", "gate", "up", "down"), "projections that get an adapter"),
+    Key("layers", 0, "adapters on the top k layers only, 0 = every layer; no backward pass runs below "
+        "the lowest adapted layer (peft's layers_to_transform)", ge=0),
 ])  # fmt: skip
 
 TOKENIZER = Section("tokenizer", "the tokenizer", [

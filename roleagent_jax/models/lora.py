@@ -41,6 +41,7 @@ class LoRAConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = tuple(TARGETS)
+    layers: int = 0  # adapters on the top ``layers`` blocks only (0: every block)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))
@@ -52,6 +53,8 @@ class LoRAConfig:
             raise ValueError(f"lora.dropout={self.dropout!r}: must be a number in [0, 1)")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"lora.dropout={self.dropout!r}: must be a number in [0, 1)")
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            raise ValueError(f"lora.layers={self.layers!r}: must be an integer >= 0 (0: every layer)")
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
             raise ValueError(
@@ -61,6 +64,12 @@ class LoRAConfig:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+    def first_layer(self, num_layers: int) -> int:
+        """The lowest block that carries adapters; the blocks below it get no backward pass."""
+        if self.layers > num_layers:
+            raise ValueError(f"lora.layers={self.layers}: the model has only {num_layers} layers")
+        return num_layers - self.layers if self.layers else 0
 
 
 class LoRA(nnx.Module):
@@ -103,18 +112,38 @@ def projections(model: nnx.Module, targets: Sequence[str]) -> Iterator[tuple[int
             yield layer, target, getattr(getattr(block, group), name)
 
 
+def stacked_adapter_layers(adapters: nnx.State, num_layers: int) -> int:
+    """How many of the top stacked blocks carry adapters (the adapters' leading axis; every block when
+    there are none, so that the layer scan stays one)."""
+    leaves = jax.tree.leaves(adapters)
+    return leaves[0].shape[0] if leaves else num_layers
+
+
+def adapted_layers(model: nnx.Module) -> list[int]:
+    """The indices of the blocks that carry adapters, lowest first."""
+    n = model.config.num_hidden_layers
+    if model.config.scan_layers:
+        return list(range(n - stacked_adapter_layers(nnx.state(model.layers, LoRAParam), n), n))
+    return sorted({layer for layer, _, proj in projections(model, tuple(TARGETS)) if proj.lora is not None})
+
+
 def add_lora(model: nnx.Module, cfg: LoRAConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Attach fresh adapters to ``cfg.targets`` of every layer (in place; returns the model).
+    """Attach fresh adapters to ``cfg.targets`` of the top ``cfg.layers`` blocks (every block when 0), in
+    place; returns the model. With scanned layers they are stacked over the adapted blocks only.
 
     ``A`` is drawn like ``peft``'s default (Kaiming-uniform, bound ``1/sqrt(fan_in)``), ``B`` is zero.
     """
     if cfg.rank == 0:
         return model
     stacked = model.config.scan_layers
-    for _, target, proj in projections(model, cfg.targets):
+    first = cfg.first_layer(model.config.num_hidden_layers)
+    for layer, target, proj in projections(model, cfg.targets):
+        if layer is not None and layer < first:
+            continue
         n_in = TARGETS[target][2]
         shape = proj.kernel[...].shape
         lead, kernel = shape[: int(stacked)], shape[int(stacked) :]
+        lead = (lead[0] - first,) if stacked else lead
         in_shape, out_shape = kernel[:n_in], kernel[n_in:]
         bound = 1.0 / math.sqrt(math.prod(in_shape))
         a = jax.random.uniform(rngs.params(), (*lead, *in_shape, cfg.rank), jnp.float32, -bound, bound)
@@ -141,7 +170,10 @@ def merged(model: nnx.Module) -> nnx.Module:
     out = nnx.merge(base_def, base)
     for (_, _, proj), (_, _, target) in zip(_adapted(model), _adapted_like(out, model), strict=True):
         kernel = proj.kernel[...]
-        target.kernel = nnx.Param((kernel.astype(jnp.float32) + proj.lora.delta()).astype(kernel.dtype))
+        delta = proj.lora.delta()
+        if delta.shape != kernel.shape:  # stacked adapters on the top blocks only
+            delta = jnp.zeros(kernel.shape, jnp.float32).at[kernel.shape[0] - delta.shape[0] :].set(delta)
+        target.kernel = nnx.Param((kernel.astype(jnp.float32) + delta).astype(kernel.dtype))
     return out
 
 

@@ -3,6 +3,7 @@
 ``peft`` (``PeftModel.from_pretrained(base, path)``) reads ``adapter_config.json`` and
 ``adapter_model.safetensors``; tensor names and layouts are the ones ``peft`` itself writes for a
 Qwen2 causal LM: ``lora_A`` ``[rank, in]``, ``lora_B`` ``[out, rank]``, one pair per layer and module.
+Adapters on the top blocks only are listed in ``layers_to_transform``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from roleagent_jax.models.hf_io import _host
-from roleagent_jax.models.lora import TARGETS, projections
+from roleagent_jax.models.lora import TARGETS, adapted_layers, projections
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -27,6 +28,7 @@ _HF_GROUP = {"attn": "self_attn", "mlp": "mlp"}
 def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
     """Every adapter of ``model`` under its ``peft`` name, on the host, float32."""
     out = {}
+    first = (adapted_layers(model) or [0])[0]  # stacked adapters start at the lowest adapted block
     for layer, target, proj in projections(model, tuple(TARGETS)):
         if proj.lora is None:
             continue
@@ -35,7 +37,7 @@ def adapter_tensors(model: nnx.Module) -> dict[str, np.ndarray]:
         layers = range(a.shape[0]) if layer is None else [None]
         for i in layers:
             ai, bi = (a, b) if i is None else (a[i], b[i])
-            index = layer if i is None else i
+            index = layer if i is None else first + i
             rank = ai.shape[-1]
             prefix = f"base_model.model.model.layers.{index}.{_HF_GROUP[group]}.{name}"
             out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(ai.reshape(-1, rank).T, np.float32)
@@ -50,6 +52,8 @@ def adapter_config(model: nnx.Module, base_model_name_or_path: str) -> dict:
         raise ValueError("the model has no LoRA adapters to export")
     lora = adapted[0][1]
     rank = lora.a[...].shape[-1]
+    layers = adapted_layers(model)
+    every = len(layers) == model.config.num_hidden_layers
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -65,6 +69,9 @@ def adapter_config(model: nnx.Module, base_model_name_or_path: str) -> dict:
         "init_lora_weights": True,
         "inference_mode": True,
         "modules_to_save": None,
+        # Adapters on some blocks only (``lora.layers``): peft then adapts exactly those.
+        "layers_to_transform": None if every else layers,
+        "layers_pattern": None if every else "layers",
     }
 
 

@@ -8,6 +8,7 @@ a leading ``[layers]`` dimension, and the layer loop is a ``lax.scan``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from roleagent_jax.models.config import Qwen2Config
+from roleagent_jax.models.lora import LoRAParam, stacked_adapter_layers
 
 _MAX_CHUNKS = 16
 _FEW_QUERIES = 4
@@ -369,6 +371,12 @@ def _stack_blocks(cfg: Qwen2Config, rngs: nnx.Rngs) -> Block:
     return nnx.merge(graphdef, stacked)
 
 
+@functools.cache
+def _plain_block_graphdef(cfg: Qwen2Config) -> nnx.GraphDef:
+    """The graph of a block without adapters (a stacked block has the same graph as one layer's)."""
+    return nnx.graphdef(nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0))))
+
+
 class Qwen2ForCausalLM(nnx.Module):
     """Qwen2 causal LM. Call it for training logits; use ``decode`` with a KVCache for sampling."""
 
@@ -406,21 +414,39 @@ class Qwen2ForCausalLM(nnx.Module):
     def _run_layers(
         self, x: jax.Array, positions: jax.Array, key_mask: jax.Array, dropout_key: jax.Array | None
     ) -> jax.Array:
-        def body(graphdef, state, h, key):
-            return nnx.merge(graphdef, state)(h, positions, key_mask, key)
+        def body(graphdef, states, h, key):
+            return nnx.merge(graphdef, *states)(h, positions, key_mask, key)
 
         if self.config.remat:
             body = jax.checkpoint(body, static_argnums=(0,))
         n = self.config.num_hidden_layers
         keys = None if dropout_key is None else jax.random.split(dropout_key, n)
         if self.config.scan_layers:
-            graphdef, state = nnx.split(self.layers)
-            x, _ = jax.lax.scan(lambda h, sk: (body(graphdef, sk[0], h, sk[1]), None), x, (state, keys))
-            return x
+            return self._scan_layers(body, x, keys)
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x = body(graphdef, state, x, None if keys is None else keys[i])
+            x = body(graphdef, (state,), x, None if keys is None else keys[i])
         return x
+
+    def _scan_layers(self, body, x: jax.Array, keys: jax.Array | None) -> jax.Array:
+        """The stacked blocks as one ``lax.scan``; with adapters on the top layers only, as two: the
+        bottom blocks run without adapters (they hold no trained parameter, so autodiff gives them no
+        backward pass), then the adapted top blocks."""
+
+        def scan(graphdef, states, h, layer_keys):
+            step = lambda h, xs: (body(graphdef, xs[0], h, xs[1]), None)  # noqa: E731
+            return jax.lax.scan(step, h, (states, layer_keys))[0]
+
+        graphdef, adapters, rest = nnx.split(self.layers, LoRAParam, ...)
+        first = self.config.num_hidden_layers - stacked_adapter_layers(
+            adapters, self.config.num_hidden_layers
+        )
+        if first == 0:
+            return scan(graphdef, (adapters, rest), x, keys)
+        below = jax.tree.map(lambda a: a[:first], rest)
+        above = jax.tree.map(lambda a: a[first:], rest)
+        x = scan(_plain_block_graphdef(self.config), (below,), x, None if keys is None else keys[:first])
+        return scan(graphdef, (adapters, above), x, None if keys is None else keys[first:])
 
     # -- public --------------------------------------------------------------------------------------
     def __call__(
@@ -438,6 +464,20 @@ class Qwen2ForCausalLM(nnx.Module):
         ``cumsum(mask) - 1`` so left-padded rows start at position 0. ``dropout_key`` turns on the
         LoRA adapters' dropout (training only); without it the forward is deterministic.
         """
+        hidden = self.hidden(input_ids, attention_mask, positions, dropout_key=dropout_key)
+        logits = self._logits(hidden)
+        return (logits, hidden) if return_hidden else logits
+
+    def hidden(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        *,
+        dropout_key: jax.Array | None = None,
+    ) -> jax.Array:
+        """The final (normed) hidden states ``[B, T, hidden]`` without the LM head: a caller that needs
+        logits at a few positions only gathers them first and calls ``head`` on those."""
         input_ids = jnp.asarray(input_ids, jnp.int32)
         b, t = input_ids.shape
         if attention_mask is None:
@@ -446,9 +486,11 @@ class Qwen2ForCausalLM(nnx.Module):
         if positions is None:
             positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
         x = self._run_layers(self._embed(input_ids), positions, attention_mask, dropout_key)
-        hidden = self.final_norm(x)
-        logits = self._logits(hidden)
-        return (logits, hidden) if return_hidden else logits
+        return self.final_norm(x)
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits ``[..., V]`` of final hidden states ``[..., hidden]``."""
+        return self._logits(hidden)
 
     def decode(
         self,
@@ -487,6 +529,11 @@ class Qwen2ForCausalLM(nnx.Module):
 
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.layers)
+            n = self.config.num_hidden_layers
+            if stacked_adapter_layers(nnx.state(self.layers, LoRAParam), n) != n:
+                raise ValueError(
+                    "decode with adapters on some stacked layers: merge them first (lora.merged)"
+                )
 
             def step(carry, inputs):
                 layer_state, layer, shared = inputs
