@@ -3,6 +3,7 @@ each key's own check (declared with it in `keys.py`), then checks across keys an
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ml_collections import ConfigDict
@@ -117,7 +118,7 @@ def _mesh_errors(config: ConfigDict) -> list[str]:
 
 def _model_errors(config: ConfigDict) -> list[str]:
     """The model and tokenizer directories (headers only), LoRA, and a random model's shape."""
-    errors = []
+    errors, checkpoint = [], None
     if config.model.path and not Path(config.model.path).is_dir():
         errors.append(f"--config.model.path={config.model.path!r}: directory not found")
     if config.tokenizer.path and not Path(config.tokenizer.path).is_dir():
@@ -126,7 +127,7 @@ def _model_errors(config: ConfigDict) -> list[str]:
         from roleagent_jax.models.hf_io import check_pretrained
 
         try:
-            check_pretrained(config.model.path)
+            checkpoint = check_pretrained(config.model.path)
         except (ValueError, FileNotFoundError) as err:
             errors.append(f"--config.model.path={config.model.path!r}: {err}")
     tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
@@ -143,16 +144,42 @@ def _model_errors(config: ConfigDict) -> list[str]:
     try:
         LoRAConfig(**config.lora.to_dict())
     except (ValueError, TypeError) as err:
-        errors.append(f"--config.{err}")
-    if not config.model.path:
-        from roleagent_jax.models import init_config
+        errors.append(f"--config.{err}{_targets_hint(config.lora.targets)}")
+    from roleagent_jax.models import init_config
 
-        m = config.model
-        try:
-            init_config(m.init.to_dict(), 1, param_dtype=m.param_dtype, dtype=m.dtype)
-        except (ValueError, TypeError) as err:
-            errors.append(f"--config.model.init: {err}")
+    m = config.model
+    try:  # checked with model.path too: a value that cannot be right is refused, never ignored
+        init_config(m.init.to_dict(), 1, param_dtype=m.param_dtype, dtype=m.dtype)
+    except (ValueError, TypeError) as err:
+        errors.append(f"--config.model.init: {err}")
+    else:
+        errors += _ignored_init_errors(config, checkpoint) if checkpoint else []
     return errors
+
+
+def _ignored_init_errors(config: ConfigDict, model_config) -> list[str]:
+    """`model.init.*` values that model.path would silently ignore: set (not the declared default) and
+    unlike the checkpoint's own config.json (a config that sets the sizes its checkpoint has is fine)."""
+    defaults = dict(lookup(CONFIG.build(), "model.init"))
+    errors = []
+    for key, value in config.model.init.items():
+        own = getattr(model_config, key, value)
+        if value != defaults.get(key) and value != own:
+            errors.append(
+                f"--config.model.init.{key}={value!r} is ignored with --config.model.path="
+                f"{config.model.path!r} (its config.json has {own!r}): leave model.init unset with a "
+                "checkpoint"
+            )
+    return errors[:1]
+
+
+def _targets_hint(targets) -> str:
+    """How to write several LoRA targets when they came as one string ("q,v" is one name to the flag
+    parser): the tuple form that works, built from the names given."""
+    names = [n for t in targets for n in re.split(r"[\s,()\[\]'\"]+", str(t)) if n]
+    if len(names) <= len(targets):
+        return ""
+    return f'; several targets are a tuple: --config.lora.targets="{tuple(names)!r}"'
 
 
 def _data_errors(config: ConfigDict) -> list[str]:
