@@ -22,6 +22,7 @@ overrides its value, and a line on stderr says which.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import random
@@ -199,14 +200,14 @@ def make_policy(
 
 def _option_value(text: str):
     """A generation setting from the command line: an int, a float, a range `lo,hi`, a mapping
-    `name=value,name=value` or a JSON object, or text."""
+    `name=value,name=value`, a JSON object or Python dict, or text."""
     if text.lstrip().startswith("{"):
         try:
-            value = json.loads(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object ({err})") from err
+            value = ast.literal_eval(text)  # JSON objects and Python dicts alike (as --config takes them)
+        except (ValueError, SyntaxError):
+            value = None
         if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object or a Python dict")
         return value
     if "=" in text:
         return _mapping_value(text)

@@ -58,7 +58,7 @@ class Trainer:
         fresh = not self.workdir.exists()
         try:
             self._build(c)
-        except (ValueError, FileNotFoundError):  # refused while building: a new run leaves no workdir
+        except Exception:  # refused or failed while building: a new run leaves no half-made workdir
             if fresh and jax.process_index() == 0:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise
@@ -67,7 +67,12 @@ class Trainer:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})"
+            ) from err
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = setup.rollout_settings(c)

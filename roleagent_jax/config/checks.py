@@ -3,6 +3,7 @@ each key's own check (declared with it in `keys.py`), then checks across keys an
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -71,9 +72,25 @@ def startup_errors(config: ConfigDict) -> list[str]:
             f"--config.wia.fraction=0.0: WIA predicts no step, so algo={config.algo} would run without it; "
             "set a share > 0, or --config.algo=gigpo (aiw) for the run without WIA"
         )
+    errors += _workdir_errors(config.workdir)
     errors += _mesh_errors(config)
     errors += _model_errors(config)
     return errors
+
+
+def _workdir_errors(workdir: str) -> list[str]:
+    """A workdir that cannot be a folder (it, or a folder above it, is a file) or cannot be made there
+    (the nearest existing folder above it is not writable)."""
+    path = Path(workdir).absolute()
+    flag = f"--config.workdir={workdir!r}"
+    if path.exists() and not path.is_dir():
+        return [f"{flag}: {path} is a file, not a folder"]
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return [f"{flag}: {existing} is a file, so no folder can be made under it"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{flag}: {existing} is not writable"]
+    return []
 
 
 def _warmstart_errors(config: ConfigDict, family) -> list[str]:
