@@ -32,7 +32,7 @@ def _split_errors(config: ConfigDict, family) -> list[str]:
     """Split names the family does not know, named with the ones it does (before the warm start)."""
     known = family.known_splits()
     if known is None:
-        return []
+        return _open_split_errors(config, family)
     errors = []
     hint = f"{family.name} knows {', '.join(known)}"
     if config.env.train_split not in known:
@@ -42,6 +42,19 @@ def _split_errors(config: ConfigDict, family) -> list[str]:
         if split not in known:
             errors.append(f"--config.env.eval_splits: unknown split {split!r}; {hint}")
     return errors
+
+
+def _open_split_errors(config: ConfigDict, family) -> list[str]:
+    """Split names a family without a closed list refuses (search QA: a data set it does not know)."""
+    splits = config.env.eval_splits
+    named = [("train_split", config.env.train_split)]
+    named += [("eval_splits", s) for s in ((splits,) if isinstance(splits, str) else splits)]
+    for key, split in named:
+        try:
+            family.check_split(split)
+        except ValueError as err:
+            return [f"--config.env.{key}: {err}"]
+    return []
 
 
 def startup_errors(config: ConfigDict) -> list[str]:

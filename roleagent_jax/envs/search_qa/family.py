@@ -212,8 +212,7 @@ class SearchQA(Family):
         """Real data sets joined by "+"; with ``on_corrupt="skip"`` a data set whose file cannot be read
         is left out with a warning naming it."""
         split, data_dir, opts = request.split, request.data_dir, request.options
-        for part in split.split("+"):
-            _check_part(part.strip())  # an unknown name is named before a retriever is asked for
+        self.check_split(split)  # an unknown name is named before a retriever is asked for
         spec = self._real_retriever(opts, split)
         tasks: list[QATask] = []
         for part in split.split("+"):
@@ -270,6 +269,11 @@ class SearchQA(Family):
                 else f" (files in {len(folders)} folders of {gen_dir})"
             )
         return TaskPool(tasks, source)
+
+    def check_split(self, split: str) -> None:
+        if split not in self.generated_splits:
+            for part in split.split("+"):
+                _check_part(part.strip())
 
     @staticmethod
     def _real_retriever(opts: dict, split: str) -> tuple:
