@@ -392,13 +392,14 @@ def apply_defaults(args: argparse.Namespace, trained: dict, family: Family) -> t
 def _family_of(pre: argparse.Namespace, trained: dict) -> Family:
     """The family named by --env, else the one the checkpoint was trained on, else the default."""
     trained_env = trained.get("env", {}).get("name")
-    if pre.env and trained_env and pre.env != trained_env:
+    family = get_family(pre.env or trained_env or DEFAULT_ENV)
+    if trained_env and family.name != trained_env:
         print(
             f"note: {pre.checkpoint} was trained on {trained_env}; --env={pre.env} plays with "
             f"{pre.env}'s own defaults (only the run's decoding and prompt settings apply)",
             file=sys.stderr,
         )
-    return get_family(pre.env or trained_env or DEFAULT_ENV)
+    return family
 
 
 def _trained_settings(checkpoint: str | None) -> dict:
@@ -410,7 +411,8 @@ def _trained_settings(checkpoint: str | None) -> dict:
     return read_settings(checkpoint)
 
 
-def _as_trained_line(args: argparse.Namespace, family: Family, trained: dict) -> str:
+def _as_trained_line(args: argparse.Namespace, family: Family) -> str:
+    """What the run's settings made of the flags not given (one line on stderr)."""
     decoding = "greedy" if args.greedy else f"temperature {args.temperature}"
     games = (
         f"{args.gen_n} games, seed {args.gen_seed}" if args.split in family.generated_splits else args.split
@@ -436,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser(family).parse_args(argv)
     options, notes = apply_defaults(args, trained, family)
     if trained.get("env") and not args.quiet:
-        print(_as_trained_line(args, family, trained), file=sys.stderr)
+        print(_as_trained_line(args, family), file=sys.stderr)
     if notes:
         print("the command line overrides the run's settings: " + ", ".join(notes), file=sys.stderr)
     try:
