@@ -624,7 +624,7 @@ def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=0", "--num-workers=0"])
+@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=-1", "--num-workers=0"])
 def test_evaluate_cli_arguments_are_checked(flag):
     out = run_evaluate("--policy=random", "--split=gen_seen", "--gen-n=1", flag)
     assert_one_line_error(out, flag)
