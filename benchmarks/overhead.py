@@ -44,12 +44,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from benchmarks.common import ROOT, demo_config  # noqa: E402
+from roleagent_jax.config import CONFIG  # noqa: E402
 
 
 def base_config(workdir: Path, iterations: int, model: str):
     c = demo_config()
     if model:
         c.model.path = model
+        c.model.init.update(CONFIG.build().model.init)  # the demo's random-model sizes do not apply
         c.warmstart.steps = 0
     else:
         c.warmstart.steps = 100

@@ -4,6 +4,7 @@ demo config and sets its own sizes."""
 
 from ml_collections import ConfigDict
 
+from roleagent_jax.config import CONFIG
 from roleagent_jax.models import smollm2
 
 
@@ -13,6 +14,7 @@ def pretrained(c: ConfigDict, workdir: str) -> ConfigDict:
 
     c.model.path = str(smollm2.model_dir())
     c.model.required = True  # no checkpoint: fail at start-up (python -m roleagent_jax.models.smollm2)
+    c.model.init.update(CONFIG.build().model.init)  # the demo's random-model sizes do not apply
 
     c.lora.rank = 16  # RL only: 1.2-1.37x faster train steps than full fine-tuning on this shape
     c.lora.alpha = 32.0

@@ -9,12 +9,20 @@ is one JSON object: {"split", "n", "success", "per_type", ...}.
 
 A policy is any callable mapping a batch of `episodes.Turn` to response texts in the family's answer
 format; the shared episode loop parses them. `--env` picks the family (default alfworld); the family's
-own generation settings are flags too (ALFWorld: --num-receptacles, --num-objects).
+own generation settings are flags too (ALFWorld: --num-receptacles, --num-objects; a mapping such as
+search QA's --mix as NAME=VALUE,NAME=VALUE or JSON).
+
+A model the trainer exported (`--checkpoint=<workdir>/hf_final`, `hf_warmstart`) carries what its run
+was trained and evaluated with (`trained_settings`): the family and its options, the episode length, the
+evaluation's generated games (count and seed), games per split, decoding and sampling seed. They are the
+defaults here, so `--checkpoint` and `--split` alone replay the run's own evaluation; a flag given
+overrides its value, and a line on stderr says which.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import random
@@ -22,15 +30,20 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
 from roleagent_jax.envs.pool import EnvPool
 from roleagent_jax.episodes import Move, Turn, failed_games, play, success_summary
+from roleagent_jax.trained_settings import SETTINGS_FILE, check_checkpoint, read_settings
 from roleagent_jax.types import Trajectory
 
 Policy = Callable[[list[Turn]], list[str]]
 DEFAULT_ENV = "alfworld"
+# The flags a trained model's settings can fill in, with their defaults when nothing else does.
+DEFAULTS = {"max_steps": 50, "temperature": 0.4, "greedy": False, "gen_n": 24, "gen_seed": 0, "limit": 0,
+            "batch_size": 32, "seed": 0, "data": None}  # fmt: skip
 
 
 class ExpertPolicy:
@@ -154,8 +167,9 @@ def evaluate_trajectories(
     log: Callable[[str], None] | None = None,
 ) -> list[Trajectory]:
     """Every task of the pool once (the first `limit` when limit > 0), batch_size episodes at a time: the
-    episodes behind `evaluate`, for callers that measure more than its summary."""
+    episodes behind `evaluate`, for callers that measure more than its summary (batch_size 0: all at once)."""
     ids = list(range(len(task_pool)))[: limit or None]
+    batch_size = batch_size or len(ids)  # 0: every game at once, as the trainer's evaluation plays them
     trajs: list[Trajectory] = []
     start = time.perf_counter()
     with EnvPool(
@@ -169,11 +183,13 @@ def evaluate_trajectories(
     return trajs
 
 
-def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float, family: Family) -> Policy:
+def make_policy(
+    name: str, seed: int, checkpoint: str | None, temperature: float, family: Family, greedy: bool = False
+) -> Policy:
     if checkpoint:
         from roleagent_jax.policy import ModelPolicy  # JAX and the model load only when needed
 
-        return ModelPolicy(checkpoint, family, temperature, seed=seed)
+        return ModelPolicy(checkpoint, family, temperature, seed=seed, greedy=greedy)
     if name == "expert":
         if not family.has_expert:
             raise ValueError(
@@ -186,7 +202,18 @@ def make_policy(name: str, seed: int, checkpoint: str | None, temperature: float
 
 
 def _option_value(text: str):
-    """A generation setting from the command line: an int, a float, a range `lo,hi`, or text."""
+    """A generation setting from the command line: an int, a float, a range `lo,hi`, a mapping
+    `name=value,name=value`, a JSON object or Python dict, or text."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = ast.literal_eval(text)  # JSON objects and Python dicts alike (as --config takes them)
+        except (ValueError, SyntaxError):
+            value = None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object or a Python dict")
+        return value
+    if "=" in text:
+        return _mapping_value(text)
     if "," in text:
         return tuple(_option_value(p) for p in text.split(","))
     for kind in (int, float):
@@ -195,6 +222,23 @@ def _option_value(text: str):
         except ValueError:
             pass
     return text
+
+
+def _mapping_value(text: str) -> dict:
+    """`name=value,name=value` as a dict (values read as `_option_value` reads them)."""
+    out = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: write a mapping as name=value,name=value or JSON")
+        out[name.strip()] = _option_value(value.strip())
+    return out
+
+
+def _option_help(family: Family, key: str, default: Any) -> str:
+    form = "name=value,name=value or JSON" if isinstance(default, dict) else "lo,hi for a range"
+    text = ",".join(f"{k}={v}" for k, v in default.items()) if isinstance(default, dict) else repr(default)
+    return f"setting of {family.name} (default {text}; {form}; a trained model's own by default)"
 
 
 def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
@@ -206,10 +250,30 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         "Documentation: README.md (quick start, real runs), python -m roleagent_jax.config (the trainer's keys), "
         "docs/ (experiments.md, scaling.md, adding-an-environment.md).",
     )
-    p.add_argument("--env", default=DEFAULT_ENV, help=f"environment family ({', '.join(registered())})")
+    p.add_argument(
+        "--env",
+        default=None,
+        help=f"environment family ({', '.join(registered())}; default: a trained model's, else {DEFAULT_ENV})",
+    )
     p.add_argument("--policy", default="expert", choices=("expert", "random"), help="built-in policy")
-    p.add_argument("--checkpoint", default=None, help="model checkpoint directory (overrides --policy)")
-    p.add_argument("--temperature", type=float, default=0.4, help="sampling temperature for --checkpoint")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="model directory (overrides --policy); a trainer's export (hf_final, hf_warmstart) sets the "
+        "defaults of the flags marked 'the run's' to what its run trained and evaluated with",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature for --checkpoint (default 0.4; the run's)",
+    )
+    p.add_argument(
+        "--greedy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="greedy decoding for --checkpoint (default off; the run's)",
+    )
     p.add_argument(
         "--split",
         default="valid_seen",
@@ -222,7 +286,9 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         help="a real data set by name, the same as --split (search_qa: nq, hotpotqa, ...; with --data=FILE)",
     )
     p.add_argument(
-        "--data", default=None, help="the family's data folder or file (ALFWorld default: $ALFWORLD_DATA)"
+        "--data",
+        default=None,
+        help="the family's data folder or file (ALFWorld default: $ALFWORLD_DATA; the run's)",
     )
     p.add_argument(
         "--on-corrupt",
@@ -231,17 +297,29 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         help="a real split's unreadable task file: stop naming it, or leave it out with a warning",
     )
     p.add_argument("--num-workers", type=int, default=2, help="environment worker processes")
-    p.add_argument("--limit", type=int, default=0, help="play only the first N tasks (0 = all)")
-    p.add_argument("--max-steps", type=int, default=50, help="steps per episode")
-    p.add_argument("--batch-size", type=int, default=32, help="episodes played at once")
+    p.add_argument("--limit", type=int, default=None, help="play only the first N tasks (0 = all; the run's)")
+    p.add_argument("--max-steps", type=int, default=None, help="steps per episode (default 50; the run's)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="episodes played at once (default 32, 0 = all; the run's: all)",
+    )
     p.add_argument(
         "--step-timeout", type=float, default=60.0, help="seconds before a silent worker is restarted"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the random policy, or of the sampling with --checkpoint"
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the random policy, or of the sampling with --checkpoint (default 0; the run's)",
     )
-    p.add_argument("--gen-n", type=int, default=24, help="tasks in a generated split")
-    p.add_argument("--gen-seed", type=int, default=0, help="seed of a generated split")
+    p.add_argument(
+        "--gen-n", type=int, default=None, help="tasks in a generated split (default 24; the run's)"
+    )
+    p.add_argument(
+        "--gen-seed", type=int, default=None, help="seed of a generated split (default 0; the run's)"
+    )
     p.add_argument("--gen-dir", default=None, help="folder for generated tasks (default: $ROLEAGENT_GEN_DIR)")
     for key, default in (family.gen_options if family else {}).items():
         p.add_argument(
@@ -249,14 +327,14 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
             dest=f"option_{key}",
             type=_option_value,
             default=None,
-            help=f"generation setting of {family.name} (default {default!r}; lo,hi for a range)",
+            help=_option_help(family, key, default),
         )
     p.add_argument("--quiet", action="store_true", help="print only the JSON line")
     return p
 
 
 # (flag, smallest allowed value): counts that must be positive, or non-negative where 0 means "all".
-CLI_MINIMA = (("max_steps", 1), ("batch_size", 1), ("num_workers", 1), ("limit", 0), ("gen_n", 1))
+CLI_MINIMA = (("max_steps", 1), ("batch_size", 0), ("num_workers", 1), ("limit", 0), ("gen_n", 1))
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -267,23 +345,109 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value}: must be >= {low}")
     if args.step_timeout <= 0:
         raise ValueError(f"--step-timeout={args.step_timeout}: must be > 0")
-    if args.checkpoint is None and args.temperature < 0:
+    if args.temperature < 0:
         raise ValueError(f"--temperature={args.temperature}: must be >= 0")
 
 
+def trained_defaults(trained: dict, family: Family) -> tuple[dict, dict]:
+    """The flag values and family options a trained model's settings give: its decoding always, its
+    episode length, games and options only when it was trained on `family`."""
+    run_eval, env = trained.get("eval", {}), trained.get("env", {})
+    flags = {
+        k: run_eval[k] for k in ("temperature", "greedy", "limit", "seed", "batch_size") if k in run_eval
+    }
+    if env.get("name") != family.name:
+        return flags, {}
+    flags |= {k: env[k] for k in ("max_steps", "gen_n", "gen_seed") if k in env}
+    if env.get("data_dir"):
+        flags["data"] = env["data_dir"]
+    options = {k: _from_json(v) for k, v in env.get("options", {}).items() if k in family.gen_options}
+    return flags, options
+
+
+def _from_json(value: Any) -> Any:
+    """An option as JSON stored it: lists back to tuples (ranges), mappings as they are."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def apply_defaults(args: argparse.Namespace, trained: dict, family: Family) -> tuple[dict, list[str]]:
+    """Fill the flags not given from the trained model's settings, then `DEFAULTS`; return the family
+    options to play with and, for each flag given that differs from the run's value, a note."""
+    flags, run_options = trained_defaults(trained, family)
+    notes = []
+    for name, default in DEFAULTS.items():
+        given = getattr(args, name)
+        if given is None:
+            setattr(args, name, flags.get(name, default))
+        elif name in flags and given != flags[name]:
+            notes.append(f"--{name.replace('_', '-')}={given} (the run's: {flags[name]})")
+    options = dict(run_options)
+    for key in family.gen_options:
+        given = getattr(args, f"option_{key}")
+        if given is None:
+            continue
+        if key in run_options and given != run_options[key]:
+            notes.append(f"--{key.replace('_', '-')}={given} (the run's: {run_options[key]})")
+        options[key] = given
+    return options, notes
+
+
+def _family_of(pre: argparse.Namespace, trained: dict) -> Family:
+    """The family named by --env, else the one the checkpoint was trained on, else the default."""
+    trained_env = trained.get("env", {}).get("name")
+    family = get_family(pre.env or trained_env or DEFAULT_ENV)
+    if trained_env and family.name != trained_env:
+        print(
+            f"note: {pre.checkpoint} was trained on {trained_env}; --env={pre.env} plays with "
+            f"{pre.env}'s own defaults (only the run's decoding and prompt settings apply)",
+            file=sys.stderr,
+        )
+    return family
+
+
+def _trained_settings(checkpoint: str | None) -> dict:
+    """The checkpoint's `roleagent.json` ({} without a checkpoint or file); a folder without a model
+    (an adapter-only one names its base) fails here, before anything loads."""
+    if not checkpoint:
+        return {}
+    check_checkpoint(Path(checkpoint))
+    return read_settings(checkpoint)
+
+
+def _as_trained_line(args: argparse.Namespace, family: Family) -> str:
+    """What the run's settings made of the flags not given (one line on stderr)."""
+    decoding = "greedy" if args.greedy else f"temperature {args.temperature}"
+    games = (
+        f"{args.gen_n} games, seed {args.gen_seed}" if args.split in family.generated_splits else args.split
+    )
+    return (
+        f"as the run evaluated ({Path(args.checkpoint) / SETTINGS_FILE}): {family.name}, {games}, "
+        f"{args.max_steps} steps, {decoding}, its {family.name} options"
+    )
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    print(f"error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from exc
+
+
 def main(argv: list[str] | None = None) -> dict:
-    env_name = build_parser().parse_known_args(argv)[0].env
+    pre = build_parser().parse_known_args(argv)[0]
     try:
-        family = get_family(env_name)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        trained = _trained_settings(pre.checkpoint)
+        family = _family_of(pre, trained)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
     args = build_parser(family).parse_args(argv)
-    options = {k: v for k in family.gen_options if (v := getattr(args, f"option_{k}")) is not None}
+    options, notes = apply_defaults(args, trained, family)
+    if trained.get("env") and not args.quiet:
+        print(_as_trained_line(args, family), file=sys.stderr)
+    if notes:
+        print("the command line overrides the run's settings: " + ", ".join(notes), file=sys.stderr)
     try:
         check_args(args)
         family = family.configured(options)
-        policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature, family)
+        policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature, family, args.greedy)
         pool = family.task_pool(
             args.split,
             data_dir=args.data,
@@ -294,8 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
             **({} if args.split in family.generated_splits else {"on_corrupt": args.on_corrupt}),
         )
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        _fail(exc)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     summary = evaluate(
         policy,

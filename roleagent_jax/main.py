@@ -65,6 +65,16 @@ def _last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+def _mapping_hint(message: str) -> str:
+    """How a mapping setting (search QA's env.search_qa.mix) is written, when one failed to parse."""
+    if "as a ConfigDict" not in message:
+        return ""
+    return (
+        "; write a mapping as a Python dict, --config.KEY=\"{'name': value, ...}\", or one entry, "
+        "--config.KEY.name=value"
+    )
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with each failure (a bad value, an unknown key, a config file that does not
     load) reported as one line naming it; --help prints the usage and exits 0."""
@@ -76,7 +86,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         if "--debug" in argv:
             raise
         if isinstance(err, flags.Error):
-            _fail(_last_line(err))
+            _fail(_last_line(err) + _mapping_hint(str(err)))
         _config_error(err, argv)
 
 

@@ -1,13 +1,12 @@
 """A trained model as an evaluation policy: `python -m roleagent_jax.evaluate --checkpoint=DIR`.
 
 DIR is a Hugging Face directory written by the trainer (`<workdir>/hf_final`, `hf_warmstart`) or any
-Qwen2 checkpoint with its tokenizer; `roleagent.json` beside the weights, when present, carries the prompt
-settings the model was trained with (history window, token budgets).
+Qwen2 checkpoint with its tokenizer; `roleagent.json` beside the weights, when present, carries what the
+model was trained with (`trained_settings`): here the prompt settings (history window, token budgets).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -18,13 +17,8 @@ from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import SampleRequest, SamplingParams
 from roleagent_jax.sampling.backend import make_backend
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids, load_tokenizer
-
-PROMPT_SETTINGS = "roleagent.json"
-DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
-
-
-def write_prompt_settings(directory: str | Path, **settings) -> None:
-    (Path(directory) / PROMPT_SETTINGS).write_text(json.dumps({**DEFAULTS, **settings}, indent=1))
+from roleagent_jax.trained_settings import PROMPT_DEFAULTS as DEFAULTS
+from roleagent_jax.trained_settings import check_checkpoint, read_settings
 
 
 class ModelPolicy:
@@ -42,20 +36,13 @@ class ModelPolicy:
         temperature: float = 0.4,
         seed: int = 0,
         settings: dict | None = None,
+        greedy: bool = False,
     ):
         """``settings`` override the prompt settings (``DEFAULTS`` keys) the checkpoint carries."""
         path = Path(checkpoint)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no model checkpoint at {path}: expected a Hugging Face directory with config.json and "
-                "*.safetensors (e.g. <workdir>/hf_final written at the end of training)"
-            )
-        settings_file = path / PROMPT_SETTINGS
-        self.settings = {
-            **DEFAULTS,
-            **(json.loads(settings_file.read_text()) if settings_file.exists() else {}),
-            **(settings or {}),
-        }
+        check_checkpoint(path)
+        trained = read_settings(path)
+        self.settings = {**DEFAULTS, **{k: trained[k] for k in DEFAULTS if k in trained}, **(settings or {})}
         self.family = family
         self.history_k = int(self.settings["history_k"])
         model, config = load_pretrained(path)
@@ -64,7 +51,7 @@ class ModelPolicy:
         graphdef, params = nnx.split(model)
         self.backend = make_backend("jax", graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
         self.backend.update_weights(params)
-        self.sampling = SamplingParams(temperature=temperature)
+        self.sampling = SamplingParams(temperature=temperature, greedy=greedy)
         self.key = jax.random.PRNGKey(seed)
         self.calls = 0
 

@@ -22,6 +22,7 @@ from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained,
 from roleagent_jax.sharding import shard_model
 from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
 from roleagent_jax.train_step import make_optimizer
+from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
 from roleagent_jax.types import RolloutSettings, Trajectory
 from roleagent_jax.warmstart import Example, examples_from_episodes, expert_episodes, run_sft, target_ids
 
@@ -77,11 +78,8 @@ def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path
             split, data_dir=config.env.data_dir or None, options=options, on_corrupt=config.env.on_corrupt
         )
     g = config.env.gen
-    n, offset = {
-        "train": (g.n_train, 0),
-        "eval": (g.n_eval, 1000),
-        "warmstart": (config.warmstart.n_games, 2000),
-    }[purpose]
+    n = {"train": g.n_train, "eval": g.n_eval, "warmstart": config.warmstart.n_games}[purpose]
+    offset = GEN_SEED_OFFSETS[purpose]
     say(config, f"games: {n} {split} games for {purpose} (made once, then reused)")
     gen_dir = Path(g.dir or workdir / "games") / f"{purpose}_{split}"
 

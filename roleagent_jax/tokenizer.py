@@ -40,8 +40,9 @@ def _one_line(err: BaseException) -> str:
 
 def check_tokenizer_dir(path: str | os.PathLike) -> None:
     """Raise FileNotFoundError / ValueError naming the file when a tokenizer directory is missing, holds
-    no tokenizer, or has a file that is not valid JSON or not a valid tokenizer.json; cheap enough to
-    run at start-up."""
+    no tokenizer, has tokenizer.json without tokenizer_config.json (no end-of-turn token, no chat
+    template), or has a file that is not valid JSON or not a valid tokenizer.json; cheap enough to run
+    at start-up."""
     from tokenizers import Tokenizer
 
     path = Path(path)
@@ -51,6 +52,11 @@ def check_tokenizer_dir(path: str | os.PathLike) -> None:
     if not files & {"tokenizer.json", "tokenizer.model", "vocab.json"}:
         raise FileNotFoundError(
             f"no tokenizer in {path}: expected tokenizer.json, tokenizer.model (sentencepiece) or vocab.json"
+        )
+    if "tokenizer.json" in files and "tokenizer_config.json" not in files:
+        raise FileNotFoundError(
+            f"{path / 'tokenizer_config.json'} is missing beside tokenizer.json: without it the tokenizer has "
+            "no end-of-turn token and no chat template (copy the model's tokenizer_config.json there)"
         )
     for name in TOKENIZER_JSON_FILES:
         if name in files:

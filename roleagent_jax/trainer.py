@@ -34,9 +34,9 @@ from roleagent_jax.envs import get_family
 from roleagent_jax.evaluate import summarize
 from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
 from roleagent_jax.models import save_pretrained
+from roleagent_jax.models.hf_io import umask_mode
 from roleagent_jax.models.lora import LoRAConfig
 from roleagent_jax.models.peft_io import save_adapter
-from roleagent_jax.policy import write_prompt_settings
 from roleagent_jax.policy_weights import PolicyWeights
 from roleagent_jax.rollout import RolloutResult, collect_all
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
@@ -44,6 +44,7 @@ from roleagent_jax.sampling.backend import make_backend
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
 from roleagent_jax.train_step import TrainState, make_train_step, ppo_batch, ppo_epochs
+from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
 
@@ -71,7 +72,7 @@ class Trainer:
         fresh = not self.workdir.exists()
         try:
             self._build(c)
-        except (ValueError, FileNotFoundError):  # refused while building: a new run leaves no workdir
+        except Exception:  # refused or failed while building: a new run leaves no half-made workdir
             if fresh and jax.process_index() == 0:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise
@@ -80,7 +81,12 @@ class Trainer:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})"
+            ) from err
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = setup.rollout_settings(c)
@@ -259,7 +265,7 @@ class Trainer:
         with setup.env_pool(c, self.family, pool) as envs:
             gen = self.generate_fn(
                 SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
-                jax.random.PRNGKey(c.seed + 17),
+                jax.random.PRNGKey(c.seed + EVAL_KEY_OFFSET),
             )
             settings = dataclasses.replace(self.settings, wia_mode="off")
             result: RolloutResult = collect_all(
@@ -314,6 +320,9 @@ class Trainer:
         save_pretrained(model, final_dir, tokenizer=self.tokenizer)  # adapters merged into the kernels
         if self.weights.lora:
             save_adapter(model, final_dir / "adapter", self.host["lora_base"])
+            if self.is_main:  # safetensors writes owner-only files: make them readable as the others
+                for path in (final_dir / "adapter").iterdir():
+                    umask_mode(path)
         self._write_prompt_settings(final_dir)
         summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
                    "final_model": str(final_dir)}  # fmt: skip
@@ -324,11 +333,10 @@ class Trainer:
         return summary
 
     def _write_prompt_settings(self, directory: Path) -> None:
-        """roleagent.json beside exported weights, so `evaluate --checkpoint` prompts as training did."""
+        """roleagent.json beside exported weights, so `evaluate --checkpoint` plays the run's tasks with
+        its prompts and decoding (`trained_settings`)."""
         if self.is_main:
-            s = self.settings
-            write_prompt_settings(directory, history_k=s.history_k, max_prompt_tokens=s.max_prompt_tokens,
-                                  max_response_tokens=s.max_response_tokens)  # fmt: skip
+            write_settings(directory, run_settings(self.config, self.family.options))
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -624,7 +624,7 @@ def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=0", "--num-workers=0"])
+@pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=-1", "--num-workers=0"])
 def test_evaluate_cli_arguments_are_checked(flag):
     out = run_evaluate("--policy=random", "--split=gen_seen", "--gen-n=1", flag)
     assert_one_line_error(out, flag)
@@ -804,3 +804,151 @@ def test_webshop_split_names_are_checked_too():
         ValueError, match="--config.env.eval_splits: unknown split 'valid_seen'; webshop knows"
     ):
         validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# real-model paths: a half-made tokenizer, a workdir that cannot be one, ignored or misspelled settings,
+# an adapter where a model belongs, a folder that cannot be written; files readable as their folder's
+
+
+@pytest.fixture(scope="module")
+def full_model_dir(model_dir, tokenizer_dir, tmp_path_factory) -> Path:
+    """The tiny model with a tokenizer beside it, as an exported model folder holds them."""
+    import shutil
+
+    path = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("full") / "m"))
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    return path
+
+
+def test_a_tokenizer_json_without_its_config_is_refused_at_startup(full_model_dir, tmp_path):
+    """No end-of-turn token and no chat template: the warm start used to crash with a TypeError and
+    leave a half-made workdir."""
+    import shutil
+
+    path = Path(shutil.copytree(full_model_dir, tmp_path / "m"))
+    (path / "tokenizer_config.json").unlink()
+    workdir = tmp_path / "run"
+    out = run_main(
+        "--config=configs/base.py", f"--config.model.path={path}", f"--config.workdir={workdir}", timeout=120
+    )
+    assert_one_line_error(out, "--config.model.path", str(path / "tokenizer_config.json"), "end-of-turn")
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["file", "under-a-file"])
+def test_a_workdir_that_is_a_file_is_one_line_naming_the_key(tmp_path, below):
+    (tmp_path / "f").write_text("x")
+    workdir = tmp_path / "f" / "run" if below else tmp_path / "f"
+    out = run_main("--config=configs/demo.py", f"--config.workdir={workdir}", timeout=120)
+    assert_one_line_error(out, f"--config.workdir='{workdir}'", "is a file")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "value,needle",
+    [("3", "--config.model.init.num_hidden_layers=3 is ignored"), ("-5", "num_hidden_layers")],
+    ids=["ignored", "invalid"],
+)
+def test_model_init_with_a_model_path_is_refused(full_model_dir, tmp_path, value, needle):
+    """model.path decides the shape: a size set beside it (unlike the checkpoint's) would be silently
+    ignored, and a size that cannot be right is refused whatever else is set."""
+    workdir = tmp_path / "run"
+    out = run_main(
+        "--config=configs/base.py",
+        f"--config.model.path={full_model_dir}",
+        f"--config.model.init.num_hidden_layers={value}",
+        f"--config.workdir={workdir}",
+        timeout=120,
+    )
+    assert_one_line_error(out, needle, "--config.model.init")
+    assert not workdir.exists()
+
+
+def test_model_init_matching_the_checkpoint_is_accepted(full_model_dir):
+    """A config that names the sizes its checkpoint has (a demo continued from its own warm start)."""
+    from roleagent_jax.config import startup_errors
+    from roleagent_jax.models.hf_io import check_pretrained
+
+    c = base_config()
+    c.model.path = str(full_model_dir)
+    c.model.init.num_hidden_layers = check_pretrained(full_model_dir).num_hidden_layers
+    assert not [e for e in startup_errors(c) if "model.init" in e]
+
+
+def test_lora_targets_as_one_string_show_the_form_that_works(tmp_path):
+    out = run_main(
+        "--config=configs/demo.py", "--config.lora.targets=q,v", f"--config.workdir={tmp_path / 'r'}"
+    )
+    assert_one_line_error(out, "--config.lora.targets", "--config.lora.targets=\"('q', 'v')\"")
+
+
+def test_a_mapping_flag_that_does_not_parse_shows_the_forms_that_work(tmp_path):
+    out = run_main(
+        "--config=configs/search_qa_demo.py",
+        "--config.env.search_qa.mix=single_hop=0.5,bridge=0.5",
+        f"--config.workdir={tmp_path / 'r'}",
+    )
+    assert_one_line_error(out, "--config.env.search_qa.mix", "--config.KEY.name=value")
+
+
+def test_search_qa_unknown_split_is_named_with_the_valid_ones(tmp_path):
+    out = run_evaluate("--env=search_qa", "--split=bogus")
+    assert_one_line_error(out, "unknown search_qa split 'bogus'", "gen_test", "hotpotqa")
+    workdir = tmp_path / "run"
+    out = run_main(
+        "--config=configs/search_qa_demo.py",
+        "--config.env.eval_splits=('bogus',)",
+        "--config.env.gen.n_train=2",
+        f"--config.workdir={workdir}",
+    )
+    assert_one_line_error(out, "unknown search_qa split 'bogus'")
+    assert not workdir.exists()
+
+
+def test_an_adapter_only_checkpoint_names_its_base(tmp_path):
+    adapter = tmp_path / "hf_final" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/models/base-7b"}))
+    out = run_evaluate(f"--checkpoint={adapter}", "--split=gen_seen")
+    assert_one_line_error(out, str(adapter), "LoRA adapters only", "/models/base-7b")
+
+
+def test_convert_names_the_users_folder_when_it_cannot_be_made(tmp_path, capsys, monkeypatch):
+    from roleagent_jax.models import convert
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit) as err:
+        convert.main(["--gguf=missing.gguf", f"--out={tmp_path / 'f' / 'model'}"])
+    line = capsys.readouterr().err.strip()
+    assert err.value.code == 2 and "\n" not in line and line.startswith(f"error: {tmp_path / 'f' / 'model'}:")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".model.x1y2"))
+
+    monkeypatch.setattr(convert.tempfile, "mkdtemp", read_only)  # a read-only folder, even for root
+    with pytest.raises(SystemExit):
+        convert.main(["--gguf=missing.gguf", f"--out={tmp_path / 'model'}"])
+    line = capsys.readouterr().err.strip()
+    assert line == f"error: {tmp_path / 'model'}: cannot create it (Permission denied)"
+    assert not list(tmp_path.glob(".model*"))
+
+
+def test_written_weights_are_readable_as_the_folders_other_files(model_dir, tmp_path):
+    """safetensors writes owner-only files: weights and adapters get the umask's mode, as config.json."""
+    from roleagent_jax.models import load_pretrained, save_pretrained
+    from roleagent_jax.models.hf_io import save_tensors
+
+    model, _ = load_pretrained(model_dir)
+    old = os.umask(0o027)
+    try:
+        save_pretrained(model, tmp_path / "m")
+        save_tensors({"a": np.zeros(2, np.float32)}, tmp_path / "adapter.safetensors")
+    finally:
+        os.umask(old)
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in [*(tmp_path / "m").iterdir(), tmp_path / "adapter.safetensors"]
+    }
+    assert modes == {"config.json": 0o640, "model.safetensors": 0o640, "adapter.safetensors": 0o640}

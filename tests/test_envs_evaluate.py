@@ -73,17 +73,18 @@ def test_summary_per_type():
 
 
 def test_seed_reaches_the_model_policy(monkeypatch):
-    """--seed picks the model's sampling key too, so a panel can be replayed under other draws."""
+    """--seed picks the model's sampling key too, so a panel can be replayed under other draws; --greedy
+    reaches it as well."""
     import roleagent_jax.policy as policy
 
     seen = {}
 
-    def record(checkpoint, family, temperature=0.4, seed=0):
-        seen.update(checkpoint=checkpoint, temperature=temperature, seed=seed)
+    def record(checkpoint, family, temperature=0.4, seed=0, greedy=False):
+        seen.update(checkpoint=checkpoint, temperature=temperature, seed=seed, greedy=greedy)
 
     monkeypatch.setattr(policy, "ModelPolicy", record)
-    ev.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD)
-    assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7}
+    ev.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD, greedy=True)
+    assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7, "greedy": True}
 
 
 def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics():

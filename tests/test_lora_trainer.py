@@ -2,6 +2,7 @@
 does, the checkpoint holds only adapters and names its base, and the final export loads in ``peft``."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -52,6 +53,14 @@ def test_lora_run_exports_a_merged_model_and_a_peft_adapter(tmp_path):
     config = json.loads((final / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tmp_path / "run" / "hf_warmstart")
     assert sorted(config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "v_proj"]
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in [*final.iterdir(), *(final / "adapter").iterdir()]
+        if p.is_file()
+    }
+    assert set(modes.values()) == {0o666 & ~mask}, modes  # adapters readable as the folder's other files
     base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"]).eval().float()
     adapted = PeftModel.from_pretrained(base, final / "adapter").eval()
     merged = AutoModelForCausalLM.from_pretrained(final).eval().float()

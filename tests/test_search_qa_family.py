@@ -153,7 +153,9 @@ def test_real_splits_with_a_local_corpus(family, tmp_path):
         family.task_pool("nq", options=opts)
     with pytest.raises(FileNotFoundError, match=r"popqa file not found: .*popqa/test.jsonl"):
         family.task_pool("popqa", data_dir=data, options=opts)
-    with pytest.raises(ValueError, match="unknown QA dataset 'squad'"):
+    with pytest.raises(
+        ValueError, match="unknown search_qa split 'squad': generated gen_train, gen_test, or real"
+    ):
         family.task_pool("squad", data_dir=data, options=opts)
 
 

@@ -3,6 +3,8 @@ each key's own check (declared with it in `keys.py`), then checks across keys an
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from ml_collections import ConfigDict
@@ -30,7 +32,7 @@ def _split_errors(config: ConfigDict, family) -> list[str]:
     """Split names the family does not know, named with the ones it does (before the warm start)."""
     known = family.known_splits()
     if known is None:
-        return []
+        return _open_split_errors(config, family)
     errors = []
     hint = f"{family.name} knows {', '.join(known)}"
     if config.env.train_split not in known:
@@ -40,6 +42,19 @@ def _split_errors(config: ConfigDict, family) -> list[str]:
         if split not in known:
             errors.append(f"--config.env.eval_splits: unknown split {split!r}; {hint}")
     return errors
+
+
+def _open_split_errors(config: ConfigDict, family) -> list[str]:
+    """Split names a family without a closed list refuses (search QA: a data set it does not know)."""
+    splits = config.env.eval_splits
+    named = [("train_split", config.env.train_split)]
+    named += [("eval_splits", s) for s in ((splits,) if isinstance(splits, str) else splits)]
+    for key, split in named:
+        try:
+            family.check_split(split)
+        except ValueError as err:
+            return [f"--config.env.{key}: {err}"]
+    return []
 
 
 def startup_errors(config: ConfigDict) -> list[str]:
@@ -70,9 +85,25 @@ def startup_errors(config: ConfigDict) -> list[str]:
             f"--config.wia.fraction=0.0: WIA predicts no step, so algo={config.algo} would run without it; "
             "set a share > 0, or --config.algo=gigpo (aiw) for the run without WIA"
         )
+    errors += _workdir_errors(config.workdir)
     errors += _mesh_errors(config)
     errors += _model_errors(config)
     return errors
+
+
+def _workdir_errors(workdir: str) -> list[str]:
+    """A workdir that cannot be a folder (it, or a folder above it, is a file) or cannot be made there
+    (the nearest existing folder above it is not writable)."""
+    path = Path(workdir).absolute()
+    flag = f"--config.workdir={workdir!r}"
+    if path.exists() and not path.is_dir():
+        return [f"{flag}: {path} is a file, not a folder"]
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return [f"{flag}: {existing} is a file, so no folder can be made under it"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{flag}: {existing} is not writable"]
+    return []
 
 
 def _warmstart_errors(config: ConfigDict, family) -> list[str]:
@@ -117,7 +148,7 @@ def _mesh_errors(config: ConfigDict) -> list[str]:
 
 def _model_errors(config: ConfigDict) -> list[str]:
     """The model and tokenizer directories (headers only), LoRA, and a random model's shape."""
-    errors = []
+    errors, checkpoint = [], None
     if config.model.path and not Path(config.model.path).is_dir():
         errors.append(f"--config.model.path={config.model.path!r}: directory not found")
     if config.tokenizer.path and not Path(config.tokenizer.path).is_dir():
@@ -126,7 +157,7 @@ def _model_errors(config: ConfigDict) -> list[str]:
         from roleagent_jax.models.hf_io import check_pretrained
 
         try:
-            check_pretrained(config.model.path)
+            checkpoint = check_pretrained(config.model.path)
         except (ValueError, FileNotFoundError) as err:
             errors.append(f"--config.model.path={config.model.path!r}: {err}")
     tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
@@ -143,16 +174,42 @@ def _model_errors(config: ConfigDict) -> list[str]:
     try:
         LoRAConfig(**config.lora.to_dict())
     except (ValueError, TypeError) as err:
-        errors.append(f"--config.{err}")
-    if not config.model.path:
-        from roleagent_jax.models import init_config
+        errors.append(f"--config.{err}{_targets_hint(config.lora.targets)}")
+    from roleagent_jax.models import init_config
 
-        m = config.model
-        try:
-            init_config(m.init.to_dict(), 1, param_dtype=m.param_dtype, dtype=m.dtype)
-        except (ValueError, TypeError) as err:
-            errors.append(f"--config.model.init: {err}")
+    m = config.model
+    try:  # checked with model.path too: a value that cannot be right is refused, never ignored
+        init_config(m.init.to_dict(), 1, param_dtype=m.param_dtype, dtype=m.dtype)
+    except (ValueError, TypeError) as err:
+        errors.append(f"--config.model.init: {err}")
+    else:
+        errors += _ignored_init_errors(config, checkpoint) if checkpoint else []
     return errors
+
+
+def _ignored_init_errors(config: ConfigDict, model_config) -> list[str]:
+    """`model.init.*` values that model.path would silently ignore: set (not the declared default) and
+    unlike the checkpoint's own config.json (a config that sets the sizes its checkpoint has is fine)."""
+    defaults = dict(lookup(CONFIG.build(), "model.init"))
+    errors = []
+    for key, value in config.model.init.items():
+        own = getattr(model_config, key, value)
+        if value != defaults.get(key) and value != own:
+            errors.append(
+                f"--config.model.init.{key}={value!r} is ignored with --config.model.path="
+                f"{config.model.path!r} (its config.json has {own!r}): leave model.init unset with a "
+                "checkpoint"
+            )
+    return errors[:1]
+
+
+def _targets_hint(targets) -> str:
+    """How to write several LoRA targets when they came as one string ("q,v" is one name to the flag
+    parser): the tuple form that works, built from the names given."""
+    names = [n for t in targets for n in re.split(r"[\s,()\[\]'\"]+", str(t)) if n]
+    if len(names) <= len(targets):
+        return ""
+    return f'; several targets are a tuple: --config.lora.targets="{tuple(names)!r}"'
 
 
 def _data_errors(config: ConfigDict) -> list[str]:

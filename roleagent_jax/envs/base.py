@@ -332,6 +332,11 @@ class Family:
             return None
         return tuple(self.data_splits) + tuple(self.generated_splits)
 
+    def check_split(self, split: str) -> None:
+        """ValueError naming `split` and the valid ones when the family cannot know it, before any work;
+        for families whose splits are no closed list (real data sets named on the command line).
+        Default: nothing (`known_splits` is checked where there is one)."""
+
     def resolve_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """`gen_options` updated with `options`; ValueError naming any key the family does not know."""
         unknown = sorted(set(options or {}) - set(self.gen_options))

@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from safetensors.numpy import save_file
-
 from roleagent_jax.models.gguf_import import GGUFError, read_gguf
 from roleagent_jax.models.gguf_tokenizer import build_tokenizer
+from roleagent_jax.models.hf_io import save_tensors, umask_mode
 from roleagent_jax.tokenizer import eos_ids
 
 
@@ -35,6 +34,18 @@ def _generation_config(tok) -> dict:
     }
 
 
+def _staging_folder(out: Path) -> Path:
+    """A hidden sibling of ``out`` to write into (renamed into place when complete), with the mode of
+    any new folder; a folder that cannot be written names ``out``, not the hidden one."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise OSError(f"{out}: cannot create it ({err.strerror or err})") from err
+    umask_mode(tmp)
+    return tmp
+
+
 def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the Hugging Face directory ``out`` from the GGUF file ``gguf``; returns ``out``.
 
@@ -44,14 +55,12 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     gguf, out = Path(gguf).expanduser(), Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out}: already exists and is not an empty folder")
-    model = read_gguf(gguf)
-    tok = build_tokenizer(model.metadata, gguf)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)
+    tmp = _staging_folder(out)  # before the file is read: an unwritable folder fails at once
     try:
+        model = read_gguf(gguf)
+        tok = build_tokenizer(model.metadata, gguf)
         (tmp / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
-        save_file(model.tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_tensors(model.tensors, tmp / "model.safetensors")
         tok.save_pretrained(str(tmp), save_jinja_files=False)  # the template inside tokenizer_config.json
         (tmp / "generation_config.json").write_text(json.dumps(_generation_config(tok), indent=2) + "\n")
         if out.exists():

@@ -55,6 +55,21 @@ _TOP_NAMES = {
 
 
 # -- safetensors ---------------------------------------------------------------------------------------
+def umask_mode(path: str | os.PathLike) -> None:
+    """Give a file or folder the mode a new one of this process gets (0666 or 0777 less the umask):
+    ``safetensors`` writes owner-only (0600) files and ``mkdtemp`` owner-only folders, which other users
+    of a shared folder could then not read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
+
+
+def save_tensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """``safetensors`` ``save_file`` (PyTorch's metadata), readable as the folder's other files are."""
+    save_file(tensors, path, metadata={"format": "pt"})
+    umask_mode(path)
+
+
 def _open(path: Path):
     """A lazy reader of one safetensors file; a file that is not one raises ValueError naming it."""
     if path.stat().st_size == 0:
@@ -156,7 +171,7 @@ def _write_safetensors(directory: Path, tensors: dict[str, tuple[tuple[int, ...]
             arrays[name] = arr
         if writer:
             tmp = directory / (fname + ".tmp")
-            save_file(arrays, tmp, metadata={"format": "pt"})
+            save_tensors(arrays, tmp)
             os.replace(tmp, directory / fname)
         del arrays
     if not writer:

@@ -212,6 +212,7 @@ class SearchQA(Family):
         """Real data sets joined by "+"; with ``on_corrupt="skip"`` a data set whose file cannot be read
         is left out with a warning naming it."""
         split, data_dir, opts = request.split, request.data_dir, request.options
+        self.check_split(split)  # an unknown name is named before a retriever is asked for
         spec = self._real_retriever(opts, split)
         tasks: list[QATask] = []
         for part in split.split("+"):
@@ -268,6 +269,11 @@ class SearchQA(Family):
                 else f" (files in {len(folders)} folders of {gen_dir})"
             )
         return TaskPool(tasks, source)
+
+    def check_split(self, split: str) -> None:
+        if split not in self.generated_splits:
+            for part in split.split("+"):
+                _check_part(part.strip())
 
     @staticmethod
     def _real_retriever(opts: dict, split: str) -> tuple:
@@ -356,6 +362,17 @@ def _write_questions(questions: Sequence[QATask], path: Path) -> None:
 
 
 _PART = re.compile(r"^(tfds:)?([\w.-]+)(?::([\w.-]+))?$")
+
+
+def _check_part(part: str) -> None:
+    """ValueError naming `part` and every valid split when it is no split search QA knows."""
+    m = _PART.match(part)
+    if m and (m.group(1) or m.group(2) in DATASETS):
+        return
+    raise ValueError(
+        f"unknown search_qa split {part!r}: generated {', '.join(GEN_SPLITS)}, or real data sets "
+        f"{', '.join(DATASETS)} (NAME or NAME:SPLIT, tfds:NAME[:SPLIT]; several joined by +)"
+    )
 
 
 def _load_part(part: str, data_dir) -> list[QATask]:

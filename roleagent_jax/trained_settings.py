@@ -1,0 +1,110 @@
+"""What an exported model was trained and evaluated with: `roleagent.json` beside its weights.
+
+The trainer writes it into every model it exports (`hf_warmstart`, `hf_final`); `evaluate --checkpoint`
+reads it, so a run's model is evaluated on the same tasks, with the same prompts and decoding, as the
+run evaluated it. JAX-free: the evaluation command reads it before deciding to load a model.
+
+    {"history_k", "max_prompt_tokens", "max_response_tokens",          the prompt (always present)
+     "env": {"name", "options", "max_steps", "eval_splits", "gen_n", "gen_seed", "data_dir"},
+     "eval": {"greedy", "temperature", "limit", "seed", "batch_size"}}
+
+Files written before "env" and "eval" existed hold only the prompt settings; readers fall back to
+their own defaults for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FILE = "roleagent.json"
+PROMPT_DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
+# Each purpose of a run's generated games draws its own seed offset, so evaluation's games are held out.
+GEN_SEED_OFFSETS = {"train": 0, "eval": 1000, "warmstart": 2000}
+EVAL_KEY_OFFSET = 17  # the run's evaluation samples with PRNGKey(seed + this)
+
+
+def run_settings(config: Any, options: Mapping[str, Any]) -> dict:
+    """The settings of a run's config (`options`: its family's resolved `env.<family>`) as exported."""
+    c = config
+    return {
+        "history_k": c.env.history_k,
+        "max_prompt_tokens": c.rollout.max_prompt_tokens,
+        "max_response_tokens": c.rollout.max_response_tokens,
+        "env": {
+            "name": c.env.name,
+            "options": jsonable(dict(options)),
+            "max_steps": c.env.max_steps,
+            "eval_splits": list(
+                (c.env.eval_splits,) if isinstance(c.env.eval_splits, str) else c.env.eval_splits
+            ),
+            "gen_n": c.env.gen.n_eval,
+            "gen_seed": c.env.gen.seed + GEN_SEED_OFFSETS["eval"],
+            "data_dir": c.env.data_dir,
+        },
+        "eval": {
+            "greedy": c.eval.greedy,
+            "temperature": c.eval.temperature,
+            "limit": c.eval.limit,
+            "seed": c.seed + EVAL_KEY_OFFSET,
+            "batch_size": 0,  # the run plays a split's games all at once
+        },
+    }
+
+
+def jsonable(value: Any) -> Any:
+    """Options as JSON holds them: mappings as dicts, tuples (ranges, lists of names) as lists."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def write_settings(directory: str | os.PathLike, settings: Mapping[str, Any]) -> None:
+    """`roleagent.json` in `directory`, written as the folder's other files are (umask respected)."""
+    (Path(directory) / SETTINGS_FILE).write_text(json.dumps({**PROMPT_DEFAULTS, **settings}, indent=1) + "\n")
+
+
+def read_settings(directory: str | os.PathLike) -> dict:
+    """The settings a model directory carries ({} when it has none); ValueError naming a broken file."""
+    path = Path(directory) / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())})") from err
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return settings
+
+
+def check_checkpoint(path: Path) -> None:
+    """FileNotFoundError in one line when `path` holds no model: an adapter-only folder names its base."""
+    if (path / "config.json").is_file():
+        return
+    adapter = path / "adapter_config.json"
+    if adapter.is_file():
+        base = read_adapter_base(adapter)
+        merged = path.parent if (path.parent / "config.json").is_file() else None
+        hint = f"evaluate {merged}, the merged model written beside it" if merged else "evaluate a full model"
+        raise FileNotFoundError(
+            f"{path} holds LoRA adapters only (adapter_config.json), for the base model {base}: {hint}"
+        )
+    raise FileNotFoundError(
+        f"no model checkpoint at {path}: expected a Hugging Face directory with config.json and "
+        "*.safetensors (e.g. <workdir>/hf_final written at the end of training)"
+    )
+
+
+def read_adapter_base(adapter_config: Path) -> str:
+    """The base model an adapter's config names (peft's `base_model_name_or_path`), or "(not named)"."""
+    try:
+        base = json.loads(adapter_config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        base = None
+    return str(base) if base else "(not named)"
