@@ -159,6 +159,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/learning")
     parser.add_argument("--one-warmstart", action="store_true",
                         help="one warm start (the first seed's) for every seed and algorithm")  # fmt: skip
+    parser.add_argument("--warmstart", default="",
+                        help="an existing warm-started model folder (hf_warmstart) for every arm; the first "
+                        "arm evaluates it before RL (implies --one-warmstart)")  # fmt: skip
     parser.add_argument("--panel", type=int, default=0, help="fresh unseen games per extra panel (0 = off)")
     parser.add_argument("--draws", type=int, default=2, help="sampling seeds on the extra panel")
     parser.add_argument(
@@ -171,6 +174,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.panel < 0 or args.draws < 1:
         parser.error("--panel must be >= 0 and --draws >= 1")
+    if args.warmstart and not args.algos:
+        parser.error("--warmstart needs at least one of --algos (the first arm evaluates the warm start)")
+    if args.warmstart and not (Path(args.warmstart) / "config.json").is_file():
+        parser.error(f"--warmstart={args.warmstart}: no model folder (config.json) there")
 
     def config():
         c = load_config(args.config) if args.config else demo_config(args.env)
@@ -205,26 +212,32 @@ def main() -> None:
         warm.seed = args.seeds[0] if args.one_warmstart else seed
         warm.workdir = str(root / ("warmstart" if args.one_warmstart else f"seed{seed}/warmstart"))
         warm.iterations = 0
-        if warm_before is None or not args.one_warmstart:
+        warm_model = (
+            Path(args.warmstart).absolute() if args.warmstart else Path(warm.workdir) / "hf_warmstart"
+        )
+        if not args.warmstart and (warm_before is None or not args.one_warmstart):
             warm_before = run(warm)["eval"]["before"]
             print(f"seed {warm.seed} warm start: " + json.dumps(brief(warm_before)), flush=True)
-        for split, res in warm_before.items():
-            table["warm start"].setdefault(split, []).append(res["success"])
-            wins["warm start"].setdefault(split, []).append(res.get("wins", []))
-        models = {"warm start": Path(warm.workdir) / "hf_warmstart"}
+        models = {"warm start": warm_model}
         for algo in dict.fromkeys(args.algos):
             c = base.copy_and_resolve_references()
             c.algo = algo
             c.workdir = str(root / f"seed{seed}" / algo)
-            c.model.path = str(Path(warm.workdir) / "hf_warmstart")
+            c.model.path = str(warm_model)
             c.warmstart.steps = 0
-            c.eval.before = False
+            c.eval.before = warm_before is None  # a given warm start: its first arm evaluates it
             summary = run(c)
+            if warm_before is None:
+                warm_before = summary["eval"]["before"]
+                print("warm start: " + json.dumps(brief(warm_before)), flush=True)
             for split, res in summary["eval"]["after"].items():
                 table[algo].setdefault(split, []).append(res["success"])
                 wins[algo].setdefault(split, []).append(res.get("wins", []))
             print(f"seed {seed} {algo}: " + json.dumps(brief(summary["eval"]["after"])), flush=True)
             models[algo] = Path(summary["final_model"])
+        for split, res in warm_before.items():
+            table["warm start"].setdefault(split, []).append(res["success"])
+            wins["warm start"].setdefault(split, []).append(res.get("wins", []))
         if pool is not None:
             for name, model_dir in models.items():
                 score = panel_success(model_dir, pool, base, args.draws, panel_split)
@@ -238,7 +251,8 @@ def main() -> None:
     per_game = {
         algo: {s: paired_games(wins[algo][s], wins["warm start"][s][0]) for s in splits}
         for algo in args.algos
-        if all(wins[algo].get(s) and all(wins[algo][s]) for s in splits) and args.one_warmstart
+        if all(wins[algo].get(s) and all(wins[algo][s]) for s in splits)
+        and (args.one_warmstart or args.warmstart)
     }
     if per_game:
         print(f"\ngain over the warm start, points, paired per game (mean of {n} seeds +- SE over games)")
@@ -257,7 +271,8 @@ def main() -> None:
             "bench": "learning",
             "config": args.config or f"configs/{DEMO_CONFIGS[args.env]}.py",
             "set": args.set,
-            "one_warmstart": args.one_warmstart,
+            "one_warmstart": args.one_warmstart or bool(args.warmstart),
+            "warmstart": args.warmstart,
             "seeds": args.seeds,
             "success_mean_se": out,
             "success_per_seed": per_seed,
