@@ -162,10 +162,8 @@ def merged(model: nnx.Module) -> nnx.Module:
 
     The input model is left as it is; only the targeted kernels are new arrays, the rest is shared.
     """
-    from roleagent_jax.models.qwen2 import Qwen2ForCausalLM
-
     cfg = model.config
-    base_def = nnx.graphdef(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
+    base_def = nnx.graphdef(nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0))))
     base = nnx.state(model, nnx.Param)
     out = nnx.merge(base_def, base)
     for (_, _, proj), (_, _, target) in zip(_adapted(model), _adapted_like(out, model), strict=True):
