@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from roleagent_jax import aiw, distributed
 from roleagent_jax import run_setup as setup
 from roleagent_jax.advantages import row_advantages
+from roleagent_jax.backends import make_backend
 from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
@@ -40,10 +41,9 @@ from roleagent_jax.models.peft_io import save_adapter
 from roleagent_jax.policy_weights import PolicyWeights
 from roleagent_jax.rollout import RolloutResult, collect_all
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
-from roleagent_jax.sampling.backend import make_backend
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
-from roleagent_jax.train_step import TrainState, make_train_step, ppo_batch, ppo_epochs
+from roleagent_jax.train_step import TrainState, make_logprob_fn, make_train_step, ppo_batch, ppo_epochs
 from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
@@ -105,10 +105,11 @@ class Trainer:
         del model  # no reference to the model is kept: its arrays live on as the state (or the LoRA base)
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.backend = make_backend(
-            "jax", self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
+            c.rollout.backend, self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
             eos_ids=eos_ids(self.tokenizer), batch_buckets=capped_batch_buckets(c.rollout.max_rows_per_call),
-            micro_batches=micro,
         )  # fmt: skip
+        # The old-policy and reference log-probs: the full model's forward pass, as the update computes it.
+        self.logprob_fn = make_logprob_fn(self.weights.base_graphdef, mesh=self.mesh, micro_batches=micro)
         self.optimizer = setup.make_optimizer_for(c)
         self.train_step = make_train_step(self.weights.graphdef, self.optimizer, c.loss, mesh=self.mesh,
                                           micro_batches=micro, remat=c.model.remat)  # fmt: skip
@@ -131,6 +132,11 @@ class Trainer:
     def policy_params(self):
         """The full weights the sampler runs (with LoRA, the merged copy)."""
         return self.weights.sampling(self.state.params, int(self.state.step))
+
+    def logprobs(self, batch, params) -> np.ndarray:
+        """Token log-probs [B, T] of a `train_step.pack_rows` grid under the full weights `params`, 0 on
+        padding."""
+        return np.asarray(distributed.fetch(self.logprob_fn(params, batch)))
 
     def generate_fn(self, sampling: SamplingParams, key):
         """The current policy's batched sampler call, each invocation with its own fold of `key`."""
@@ -166,7 +172,7 @@ class Trainer:
         t1 = time.perf_counter()
         if c.wia.mode != "off" and rows:
             multiplier, wia_metrics = wia_multipliers(
-                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.backend
+                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity
             )
             metrics.update(wia_metrics)
         times["wia"], t1 = time.perf_counter() - t1, time.perf_counter()
@@ -199,7 +205,7 @@ class Trainer:
             rows, adv, pad_id=self.tokenizer.pad_token_id, max_prompt=c.rollout.max_prompt_tokens,
             max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
             mini_batch_rows=c.train.mini_batch_rows,
-            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self.backend.logprobs, "old_logprobs", times),
+            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
         )  # fmt: skip
         self.weights.drop_sampling_copy()
@@ -210,8 +216,11 @@ class Trainer:
         )  # fmt: skip
         return {**metrics, **{f"time/update/{k}": v for k, v in times.items()}}
 
+    def _old_logprobs(self, batch) -> np.ndarray:
+        return self.logprobs(batch, self.policy_params())
+
     def _ref_logprobs(self, batch) -> np.ndarray:
-        return self.backend.logprobs(batch, self.weights.base if self.weights.lora else self.ref_params)
+        return self.logprobs(batch, self.weights.base if self.weights.lora else self.ref_params)
 
     def _aiw(self, trajs, it: int) -> dict:
         """The AIW round: the policy analyses its failures and re-weights the tasks (`aiw.policy_round`)."""

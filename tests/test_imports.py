@@ -21,6 +21,7 @@ MODEL_FLOOR = (
     "roleagent_jax.losses",
     "roleagent_jax.train_step",
     "roleagent_jax.sampling",
+    "roleagent_jax.backends",
 )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.config.keys import CONFIG
+from roleagent_jax.config.keys import CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, lookup
 from roleagent_jax.envs.base import get_family, registered
 
@@ -224,11 +224,30 @@ def _data_errors(config: ConfigDict) -> list[str]:
     return []
 
 
+def renamed_key_error(dotted: str) -> str | None:
+    """The one-line refusal of a renamed key, naming the key that replaced it (None for any other)."""
+    new = RENAMED.get(dotted)
+    return f"--config.{dotted} was renamed: set --config.{new} instead" if new else None
+
+
+def _renamed_errors(config: ConfigDict) -> list[str]:
+    errors = []
+    for old in RENAMED:
+        parent, _, name = old.rpartition(".")
+        try:
+            node = lookup(config, parent) if parent else config
+        except (KeyError, AttributeError):
+            continue
+        if name in node:
+            errors.append(renamed_key_error(old))
+    return errors
+
+
 def validate(config: ConfigDict) -> ConfigDict:
     """Raise ValueError naming the key, the bad value and what is allowed; return the config (with
     ``~`` expanded in its paths)."""
     config = expand_paths(config)
-    errors = startup_errors(config) + CONFIG.errors(config)
+    errors = _renamed_errors(config) + startup_errors(config) + CONFIG.errors(config)
     mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
     if micro >= 1 and mini % micro:
         errors.append(f"--config.train.mini_batch_rows={mini} must be a multiple of micro_batch_rows={micro}")
