@@ -19,9 +19,9 @@ from roleagent_jax.config import family_options
 from roleagent_jax.envs import EnvPool, Family, TaskPool
 from roleagent_jax.episodes import failed_games
 from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained, save_pretrained
+from roleagent_jax.optimizer import make_optimizer
 from roleagent_jax.sharding import shard_model
 from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
-from roleagent_jax.train_step import make_optimizer
 from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
 from roleagent_jax.types import RolloutSettings, Trajectory
 from roleagent_jax.warmstart import Example, examples_from_episodes, expert_episodes, run_sft, target_ids

@@ -33,15 +33,18 @@ from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.evaluate import summarize
+from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
 from roleagent_jax.models import save_pretrained
 from roleagent_jax.models.lora import LoRAConfig
+from roleagent_jax.optimizer import TrainState
 from roleagent_jax.policy_weights import PolicyWeights
+from roleagent_jax.ppo import ppo_batch, ppo_epochs
 from roleagent_jax.rollout import RolloutResult, collect_all
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
-from roleagent_jax.train_step import TrainState, make_logprob_fn, make_train_step, ppo_batch, ppo_epochs
+from roleagent_jax.train_step import make_train_step
 from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
@@ -134,7 +137,7 @@ class Trainer:
         return self.weights.sampling(self.state.params, int(self.state.step))
 
     def logprobs(self, batch, params) -> np.ndarray:
-        """Token log-probs [B, T] of a `train_step.pack_rows` grid under the full weights `params`, 0 on
+        """Token log-probs [B, T] of a `ppo.pack_rows` grid under the full weights `params`, 0 on
         padding."""
         return np.asarray(distributed.fetch(self.logprob_fn(params, batch)))
 

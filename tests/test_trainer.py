@@ -148,7 +148,7 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
-    from roleagent_jax.train_step import MODEL_KEYS
+    from roleagent_jax.logprobs import MODEL_KEYS
     from roleagent_jax.trainer import Trainer
 
     c = tiny_config(tmp_path, 1)
