@@ -46,6 +46,7 @@ from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
 from roleagent_jax.train_step import make_train_step
 from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
+from roleagent_jax.types import RolloutSettings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
 
@@ -90,7 +91,7 @@ class Trainer:
             ) from err
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
-        self.settings = setup.rollout_settings(c)
+        self.settings = RolloutSettings.from_config(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
         # Made now, so a split that cannot be built stops the run before any work (and they are reused).
         self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}

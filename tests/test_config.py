@@ -62,6 +62,12 @@ def test_algo_presets():
     c.algo = "roleagent"
     r = apply_algo(c)
     assert r.advantage.step_level and r.wia.mode == "separate" and r.aiw.enabled
+    for algo in ("grpo", "gigpo", "wia", "aiw", "roleagent"):  # each preset turns on what its name says
+        c.algo = algo
+        p = apply_algo(c)
+        assert p.advantage.step_level == (algo != "grpo")
+        assert (p.wia.mode == "separate") == (algo in ("wia", "roleagent"))
+        assert p.aiw.enabled == (algo in ("aiw", "roleagent"))
 
 
 def test_each_familys_options_are_its_own_defaults():

@@ -14,17 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "roleagent_jax"
 
 # What environment code must never reach: JAX and its libraries, and the model floor of the module map.
 DEVICE_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax")
-MODEL_FLOOR = (
-    "roleagent_jax.models",
-    "roleagent_jax.sharding",
-    "roleagent_jax.distributed",
-    "roleagent_jax.losses",
-    "roleagent_jax.optimizer",
-    "roleagent_jax.logprobs",
-    "roleagent_jax.ppo",
-    "roleagent_jax.train_step",
-    "roleagent_jax.sampling",
-    "roleagent_jax.backends",
+MODEL_FLOOR = tuple(
+    f"roleagent_jax.{name}"
+    for name in ("models", "sharding", "distributed", "losses", "optimizer", "logprobs", "ppo", "train_step")
+    + ("sampling", "backends")
 )
 
 

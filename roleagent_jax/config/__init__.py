@@ -12,11 +12,12 @@ from roleagent_jax.config.checks import (
     startup_errors,
     validate,
 )
-from roleagent_jax.config.keys import ALGOS, CONFIG, RENAMED
+from roleagent_jax.config.keys import ALGO_PRESETS, ALGOS, CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, IntRange, Key, Section, family_options
 
 __all__ = [
     "ALGOS",
+    "ALGO_PRESETS",
     "CONFIG",
     "PATH_KEYS",
     "RENAMED",

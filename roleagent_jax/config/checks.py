@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.config.keys import CONFIG, RENAMED
+from roleagent_jax.config.keys import ALGO_PRESETS, CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, lookup
 from roleagent_jax.envs.base import get_family, registered
 
@@ -257,12 +257,9 @@ def validate(config: ConfigDict) -> ConfigDict:
 
 
 def apply_algo(config: ConfigDict) -> ConfigDict:
-    """GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW. The
-    paper's ablations: ``wia`` = GiGPO + WIA, ``aiw`` = GiGPO + AIW."""
+    """A copy of the config with its algorithm's preset (`keys.ALGO_PRESETS`) set over it."""
     config = ConfigDict(config.to_dict())
-    config.advantage.step_level = config.algo != "grpo"
-    if config.algo in ("grpo", "gigpo", "aiw"):
-        config.wia.mode = "off"
-    if config.algo in ("grpo", "gigpo", "wia"):
-        config.aiw.enabled = False
+    for dotted, value in ALGO_PRESETS[config.algo].items():
+        parent, _, name = dotted.rpartition(".")
+        lookup(config, parent)[name] = value
     return config

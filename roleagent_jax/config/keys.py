@@ -9,7 +9,17 @@ from __future__ import annotations
 from roleagent_jax.backends.base import BACKENDS
 from roleagent_jax.config.schema import FamilyOptions, Key, Section
 
-ALGOS = ("grpo", "gigpo", "wia", "aiw", "roleagent")
+# The algorithms as presets: the keys each one sets, over the config's values (`checks.apply_algo`).
+# GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW; the paper's
+# ablations: wia = GiGPO + WIA, aiw = GiGPO + AIW.
+ALGO_PRESETS = {
+    "grpo": {"advantage.step_level": False, "wia.mode": "off", "aiw.enabled": False},
+    "gigpo": {"advantage.step_level": True, "wia.mode": "off", "aiw.enabled": False},
+    "wia": {"advantage.step_level": True, "aiw.enabled": False},
+    "aiw": {"advantage.step_level": True, "wia.mode": "off"},
+    "roleagent": {"advantage.step_level": True},
+}
+ALGOS = tuple(ALGO_PRESETS)
 # Keys that were renamed (old -> new): a config file or command line that still sets one is refused.
 RENAMED = {"wia.backend": "wia.similarity"}
 DTYPES = ("float32", "bfloat16", "float16")
@@ -99,6 +109,7 @@ ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
     Key("negative_scale", 1.0, "< 1 damps negative advantages (1 = as published)", ge=0.0, le=1.0),
     Key("std_floor", 0.0, "> 0 floors the group std of mean_std_norm (all-fail groups)", ge=0.0),
     Key("anchor_similarity", 1.0, "< 1 merges near-identical anchors into one step group", gt=0.0, le=1.0),
+    Key("step_level", True, "set by algo: GiGPO's step groups, off for grpo"),
 ])  # fmt: skip
 
 LOSS = Section("loss", "the PPO loss", [
