@@ -91,7 +91,7 @@ def policy_loss(
     """Clipped surrogate + ``kl_coef`` * KL(ref) - ``entropy_coef`` * entropy, aggregated as num / den.
 
     Shapes: ``logp``, ``old_logp``, ``ref_logp``, ``mask``, ``entropy`` are [B, T] (token grid, see
-    ``train_step.pack_rows``); ``advantages`` is [B] (broadcast over the row's tokens) or [B, T].
+    ``ppo.pack_rows``); ``advantages`` is [B] (broadcast over the row's tokens) or [B, T].
 
     Per token with ratio r = exp(logp - old_logp) and advantage A:
       ``max(-A r, -A clip(r, 1-eps, 1+eps))``, and for A < 0 additionally capped at ``-A * dual_clip``

@@ -95,6 +95,11 @@ def _config_error(err: Exception, argv: list[str]) -> NoReturn:
     if isinstance(err, AttributeError | KeyError):  # ml_collections: a key the config does not have
         name = str(err).strip("\"'")
         arg = next((a for a in argv if a.startswith("--config.") and name in a), name)
+        from roleagent_jax.config import renamed_key_error
+
+        renamed = renamed_key_error(arg.split("=")[0].removeprefix("--config."))
+        if renamed:
+            _fail(renamed)
         _fail(
             f"{arg.split('=')[0]}: no such key in {config_file} (python -m roleagent_jax.config lists every key)"
         )

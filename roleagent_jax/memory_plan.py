@@ -19,13 +19,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from roleagent_jax.logprobs import TARGET_BUCKET, round_up
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
 from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
+from roleagent_jax.optimizer import make_optimizer
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sharding import AXES, spec_for
-from roleagent_jax.train_step import TARGET_BUCKET, _round_up, make_optimizer
 
 GIB = 1024**3
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.
@@ -125,7 +126,7 @@ class Workload:
             lora_rank=c.lora.rank if lora_rank is None else lora_rank,
             lora_targets=tuple(c.lora.targets),
             lora_layers=c.lora.layers,
-            target_len=_round_up(trained, TARGET_BUCKET),
+            target_len=round_up(trained, TARGET_BUCKET),
         )
 
 
@@ -148,7 +149,7 @@ def abstract_lora(cfg: Qwen2Config, work: Workload) -> tuple[Any, nnx.State, nnx
 
 
 def abstract_opt_state(params: Any, settings: dict) -> Any:
-    """The trainer's optimizer state for ``params`` (``train_step.make_optimizer(**settings)``), abstract."""
+    """The trainer's optimizer state for ``params`` (``optimizer.make_optimizer(**settings)``), abstract."""
     return jax.eval_shape(make_optimizer(**settings).init, params)
 
 

@@ -58,8 +58,8 @@ from roleagent_jax.memory_plan import (
     tree_bytes,
 )
 from roleagent_jax.models import BUILTIN_MODELS, MODEL_NAMES, Qwen2Config, Qwen2ForCausalLM, init_config
+from roleagent_jax.optimizer import make_optimizer
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS
-from roleagent_jax.train_step import make_optimizer
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -261,8 +261,10 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     compiled, nothing is allocated. Run on the target accelerator (a TPU VM, a GPU host) this replaces
     the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
     """
+    from roleagent_jax.logprobs import TARGET_KEY
+    from roleagent_jax.optimizer import TrainState
     from roleagent_jax.sharding import make_mesh
-    from roleagent_jax.train_step import TARGET_KEY, TrainState, make_train_step
+    from roleagent_jax.train_step import make_train_step
 
     n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
     if jax.device_count() != n:

@@ -12,10 +12,11 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from roleagent_jax.backends import make_backend
+from roleagent_jax.config import CONFIG
 from roleagent_jax.envs.base import Family
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import SampleRequest, SamplingParams
-from roleagent_jax.sampling.backend import make_backend
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids, load_tokenizer
 from roleagent_jax.trained_settings import PROMPT_DEFAULTS as DEFAULTS
 from roleagent_jax.trained_settings import check_checkpoint, read_settings
@@ -37,8 +38,10 @@ class ModelPolicy:
         seed: int = 0,
         settings: dict | None = None,
         greedy: bool = False,
+        backend: str | None = None,
     ):
-        """``settings`` override the prompt settings (``DEFAULTS`` keys) the checkpoint carries."""
+        """``settings`` override the prompt settings (``DEFAULTS`` keys) the checkpoint carries; ``backend``
+        is a rollout backend's name (default: the ``rollout.backend`` key's)."""
         path = Path(checkpoint)
         check_checkpoint(path)
         trained = read_settings(path)
@@ -49,7 +52,13 @@ class ModelPolicy:
         self.tokenizer = load_tokenizer(path)
         self.encode = PromptEncoder(self.tokenizer, self.settings["max_prompt_tokens"])  # as the rollout does
         graphdef, params = nnx.split(model)
-        self.backend = make_backend("jax", graphdef, config, self.tokenizer, eos_ids=eos_ids(self.tokenizer))
+        self.backend = make_backend(
+            backend or CONFIG.default("rollout.backend"),
+            graphdef,
+            config,
+            self.tokenizer,
+            eos_ids=eos_ids(self.tokenizer),
+        )
         self.backend.update_weights(params)
         self.sampling = SamplingParams(temperature=temperature, greedy=greedy)
         self.key = jax.random.PRNGKey(seed)

@@ -19,11 +19,11 @@ from roleagent_jax.config import family_options
 from roleagent_jax.envs import EnvPool, Family, TaskPool
 from roleagent_jax.episodes import failed_games
 from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained, save_pretrained
+from roleagent_jax.optimizer import make_optimizer
 from roleagent_jax.sharding import shard_model
 from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
-from roleagent_jax.train_step import make_optimizer
 from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
-from roleagent_jax.types import RolloutSettings, Trajectory
+from roleagent_jax.types import Trajectory
 from roleagent_jax.warmstart import Example, examples_from_episodes, expert_episodes, run_sft, target_ids
 
 EXPERT_MAX_STEPS = 50  # the expert plays to the end even when RL episodes are cut shorter
@@ -42,20 +42,6 @@ def print_failed(where: str, trajs: list[Trajectory], pool: TaskPool) -> None:
         print(
             f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
         )
-
-
-def rollout_settings(config: ConfigDict) -> RolloutSettings:
-    c = config
-    return RolloutSettings(
-        max_steps=c.env.max_steps,
-        history_k=c.env.history_k,
-        max_prompt_tokens=c.rollout.max_prompt_tokens,
-        max_response_tokens=c.rollout.max_response_tokens,
-        wia_mode=c.wia.mode,
-        wia_horizon=c.wia.horizon,
-        wia_fraction=c.wia.fraction,
-        wia_max_tokens=c.wia.max_tokens,
-    )
 
 
 def env_pool(config: ConfigDict, family: Family, pool: TaskPool, max_steps: int | None = None) -> EnvPool:

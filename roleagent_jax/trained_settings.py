@@ -20,8 +20,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from roleagent_jax.config import CONFIG
+from roleagent_jax.config.schema import lookup
+
 SETTINGS_FILE = "roleagent.json"
-PROMPT_DEFAULTS = {"history_k": 2, "max_prompt_tokens": 2048, "max_response_tokens": 512}
+# The prompt settings, each the config key it is exported from, and its declared default.
+PROMPT_KEYS = {
+    "history_k": "env.history_k",
+    "max_prompt_tokens": "rollout.max_prompt_tokens",
+    "max_response_tokens": "rollout.max_response_tokens",
+}
+PROMPT_DEFAULTS = {name: CONFIG.default(key) for name, key in PROMPT_KEYS.items()}
 # Each purpose of a run's generated games draws its own seed offset, so evaluation's games are held out.
 GEN_SEED_OFFSETS = {"train": 0, "eval": 1000, "warmstart": 2000}
 EVAL_KEY_OFFSET = 17  # the run's evaluation samples with PRNGKey(seed + this)
@@ -31,9 +40,7 @@ def run_settings(config: Any, options: Mapping[str, Any]) -> dict:
     """The settings of a run's config (`options`: its family's resolved `env.<family>`) as exported."""
     c = config
     return {
-        "history_k": c.env.history_k,
-        "max_prompt_tokens": c.rollout.max_prompt_tokens,
-        "max_response_tokens": c.rollout.max_response_tokens,
+        **{name: lookup(c, key) for name, key in PROMPT_KEYS.items()},
         "env": {
             "name": c.env.name,
             "options": jsonable(dict(options)),

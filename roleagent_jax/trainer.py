@@ -28,23 +28,25 @@ from tqdm.auto import tqdm
 from roleagent_jax import aiw, distributed
 from roleagent_jax import run_setup as setup
 from roleagent_jax.advantages import row_advantages
+from roleagent_jax.backends import make_backend
 from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.evaluate import summarize
+from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
 from roleagent_jax.models import save_pretrained
-from roleagent_jax.models.hf_io import umask_mode
 from roleagent_jax.models.lora import LoRAConfig
-from roleagent_jax.models.peft_io import save_adapter
+from roleagent_jax.optimizer import TrainState
 from roleagent_jax.policy_weights import PolicyWeights
+from roleagent_jax.ppo import ppo_batch, ppo_epochs
 from roleagent_jax.rollout import RolloutResult, collect_all
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
-from roleagent_jax.sampling.backend import make_backend
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
-from roleagent_jax.train_step import TrainState, make_train_step, ppo_batch, ppo_epochs
+from roleagent_jax.train_step import make_train_step
 from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
+from roleagent_jax.types import RolloutSettings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
 
@@ -89,7 +91,7 @@ class Trainer:
             ) from err
         self.is_main = jax.process_index() == 0
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
-        self.settings = setup.rollout_settings(c)
+        self.settings = RolloutSettings.from_config(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
         # Made now, so a split that cannot be built stops the run before any work (and they are reused).
         self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}
@@ -101,26 +103,29 @@ class Trainer:
             c, self.workdir, self.mesh, resuming, self.experts
         )
         self.encode_prompt = PromptEncoder(self.tokenizer)
-        self.weights, params = PolicyWeights.split(model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh)
+        start_dir = str(Path(c.model.path or self.workdir / "hf_init").absolute())
+        self.weights, params = PolicyWeights.split(
+            model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh, base_dir=start_dir
+        )
         del model  # no reference to the model is kept: its arrays live on as the state (or the LoRA base)
         micro = c.train.mini_batch_rows // c.train.micro_batch_rows
         self.backend = make_backend(
-            "jax", self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
+            c.rollout.backend, self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
             eos_ids=eos_ids(self.tokenizer), batch_buckets=capped_batch_buckets(c.rollout.max_rows_per_call),
-            micro_batches=micro,
         )  # fmt: skip
+        # The old-policy and reference log-probs: the full model's forward pass, as the update computes it.
+        self.logprob_fn = make_logprob_fn(self.weights.base_graphdef, mesh=self.mesh, micro_batches=micro)
         self.optimizer = setup.make_optimizer_for(c)
         self.train_step = make_train_step(self.weights.graphdef, self.optimizer, c.loss, mesh=self.mesh,
                                           micro_batches=micro, remat=c.model.remat)  # fmt: skip
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         # The KL reference: the warm-started model; with LoRA the base itself (no second copy).
         self.kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
-        self.ref_params = params if self.kl and not self.weights.lora else None
+        self.weights.keep_reference(params, self.kl)
         self.task_sampler = aiw.TaskSampler.from_config(len(self.train_pool), c.aiw, seed=c.seed)
         self.aiw_state = aiw.AIWState(self.task_sampler, setup.failure_memory(self.workdir, resuming))
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
-        if self.weights.lora:  # the checkpoint names the base its adapters belong to
-            self.host["lora_base"] = str(Path(c.model.path or self.workdir / "hf_init").absolute())
+        self.host.update(self.weights.host_state())  # with LoRA: the base its adapters belong to
         history = self._restore() if resuming else None
         self.logger = MetricLogger(self.workdir / "logs", tensorboard=c.log.tensorboard and self.is_main,
                                    history=history, write=self.is_main)  # fmt: skip
@@ -131,6 +136,11 @@ class Trainer:
     def policy_params(self):
         """The full weights the sampler runs (with LoRA, the merged copy)."""
         return self.weights.sampling(self.state.params, int(self.state.step))
+
+    def logprobs(self, batch, params) -> np.ndarray:
+        """Token log-probs [B, T] of a `ppo.pack_rows` grid under the full weights `params`, 0 on
+        padding."""
+        return np.asarray(distributed.fetch(self.logprob_fn(params, batch)))
 
     def generate_fn(self, sampling: SamplingParams, key):
         """The current policy's batched sampler call, each invocation with its own fold of `key`."""
@@ -166,7 +176,7 @@ class Trainer:
         t1 = time.perf_counter()
         if c.wia.mode != "off" and rows:
             multiplier, wia_metrics = wia_multipliers(
-                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.backend
+                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity
             )
             metrics.update(wia_metrics)
         times["wia"], t1 = time.perf_counter() - t1, time.perf_counter()
@@ -199,7 +209,7 @@ class Trainer:
             rows, adv, pad_id=self.tokenizer.pad_token_id, max_prompt=c.rollout.max_prompt_tokens,
             max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
             mini_batch_rows=c.train.mini_batch_rows,
-            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self.backend.logprobs, "old_logprobs", times),
+            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
         )  # fmt: skip
         self.weights.drop_sampling_copy()
@@ -210,8 +220,11 @@ class Trainer:
         )  # fmt: skip
         return {**metrics, **{f"time/update/{k}": v for k, v in times.items()}}
 
+    def _old_logprobs(self, batch) -> np.ndarray:
+        return self.logprobs(batch, self.policy_params())
+
     def _ref_logprobs(self, batch) -> np.ndarray:
-        return self.backend.logprobs(batch, self.weights.base if self.weights.lora else self.ref_params)
+        return self.logprobs(batch, self.weights.kl_reference)
 
     def _aiw(self, trajs, it: int) -> dict:
         """The AIW round: the policy analyses its failures and re-weights the tasks (`aiw.policy_round`)."""
@@ -235,22 +248,16 @@ class Trainer:
         c = self.config
         if self.host["warm_started"] or c.warmstart.steps == 0:
             return
-        w = self.weights
+        graphdef, start = self.weights.warm_start_weights(self.state.params)
         params, losses = setup.warm_start(
-            c, w.base_graphdef if w.lora else w.graphdef, w.base if w.lora else self.state.params,
-            self.experts.examples(), self.tokenizer, self.workdir,
-        )  # fmt: skip
-        if w.lora:  # fresh adapters on the new base; the reference (the base) follows it
-            w.base = params
-            self.host["lora_base"] = str(self.workdir / "hf_warmstart")
-        else:
-            self.state = TrainState.create(params, self.optimizer, self.state.rng, mesh=self.mesh)
-            if self.ref_params is not None:
-                self.ref_params = params
+            c, graphdef, start, self.experts.examples(), self.tokenizer, self.workdir
+        )
+        trained = self.weights.take_warm_start(params, str(self.workdir / "hf_warmstart"))
+        if trained is not None:  # the trained params changed: a new train state starts from them
+            self.state = TrainState.create(trained, self.optimizer, self.state.rng, mesh=self.mesh)
+        self.host.update(self.weights.host_state())
         save_pretrained(  # the KL reference (with LoRA: the base) of a resumed run
-            nnx.merge(w.base_graphdef if w.lora else w.graphdef, params),
-            self.workdir / "hf_warmstart",
-            tokenizer=self.tokenizer,
+            nnx.merge(graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
         )
         self._write_prompt_settings(self.workdir / "hf_warmstart")
         self.host.update(warm_started=True, sft_losses=losses)
@@ -316,13 +323,7 @@ class Trainer:
         from roleagent_jax.report import write_report
 
         final_dir = self.workdir / "hf_final"
-        model = self.weights.model(self.state.params)
-        save_pretrained(model, final_dir, tokenizer=self.tokenizer)  # adapters merged into the kernels
-        if self.weights.lora:
-            save_adapter(model, final_dir / "adapter", self.host["lora_base"])
-            if self.is_main:  # safetensors writes owner-only files: make them readable as the others
-                for path in (final_dir / "adapter").iterdir():
-                    umask_mode(path)
+        self.weights.export(self.state.params, final_dir, self.tokenizer, fix_modes=self.is_main)
         self._write_prompt_settings(final_dir)
         summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
                    "final_model": str(final_dir)}  # fmt: skip
@@ -348,7 +349,6 @@ class Trainer:
         """The newest checkpoint's state; the command line's task-sampler settings win over the saved
         ones, and the KL reference (or LoRA base) is reloaded from where the run exported it."""
         c = self.config
-        start_base = self.host.get("lora_base")
         self.state, host = self.ckpt.restore(self.state)
         self.aiw_state.load_state_dict(host.pop("aiw"))
         changed = self.task_sampler.configure(c.aiw)
@@ -357,11 +357,9 @@ class Trainer:
         history = host.pop("history")
         self.host.update(host)
         print(f"resumed from {self.ckpt.directory} at iteration {self.host['iteration']}", flush=True)
-        warm_dir = self.workdir / "hf_warmstart"
-        if self.weights.lora and self.host["lora_base"] != start_base:
-            self.weights.base = setup.load_params(c, self.host["lora_base"], self.mesh)
-        elif self.ref_params is not None and self.host["warm_started"] and warm_dir.is_dir():
-            self.ref_params = setup.load_params(c, warm_dir, self.mesh)
+        source = self.weights.frozen_source(self.host, self.workdir / "hf_warmstart")
+        if source is not None:
+            self.weights.load_frozen(setup.load_params(c, source, self.mesh), source)
         return history
 
     def close(self) -> None:

@@ -31,16 +31,32 @@ class Step:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    """How episodes are played and prompted: shared by the rollout and WIA's predictor."""
+    """How episodes are played and prompted: shared by the rollout and WIA's predictor. The values (and
+    their defaults) are the config's keys named beside each field: `from_config`."""
 
-    max_steps: int = 50
-    history_k: int = 2
-    max_prompt_tokens: int = 2048
-    max_response_tokens: int = 512
-    wia_mode: str = "off"  # separate | inline | off
-    wia_horizon: int = 1
-    wia_fraction: float = 1.0
-    wia_max_tokens: int = 128
+    max_steps: int  # env.max_steps
+    history_k: int  # env.history_k
+    max_prompt_tokens: int  # rollout.max_prompt_tokens
+    max_response_tokens: int  # rollout.max_response_tokens
+    wia_mode: str  # wia.mode: separate | inline | off
+    wia_horizon: int  # wia.horizon
+    wia_fraction: float  # wia.fraction
+    wia_max_tokens: int  # wia.max_tokens
+
+    @classmethod
+    def from_config(cls, config) -> RolloutSettings:
+        """The settings of a run's config (a ConfigDict with the declared keys, e.g. `CONFIG.build()`)."""
+        c = config
+        return cls(
+            max_steps=c.env.max_steps,
+            history_k=c.env.history_k,
+            max_prompt_tokens=c.rollout.max_prompt_tokens,
+            max_response_tokens=c.rollout.max_response_tokens,
+            wia_mode=c.wia.mode,
+            wia_horizon=c.wia.horizon,
+            wia_fraction=c.wia.fraction,
+            wia_max_tokens=c.wia.max_tokens,
+        )
 
 
 @dataclass

@@ -21,7 +21,7 @@ from flax import nnx
 from roleagent_jax import wia
 from roleagent_jax.envs.base import Family
 from roleagent_jax.episodes import Move, Turn, play
-from roleagent_jax.train_step import pack_rows
+from roleagent_jax.ppo import pack_rows
 from roleagent_jax.types import Trajectory
 
 # Token-grid widths of warm-start batches: fine steps where the demo's rows lie, few compiled shapes.

@@ -124,7 +124,9 @@ def _real_train_step(graphdef, params, mesh):
     import jax
     import jax.numpy as jnp
 
-    from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step
+    from roleagent_jax.logprobs import make_logprob_fn
+    from roleagent_jax.optimizer import TrainState, make_optimizer
+    from roleagent_jax.train_step import make_train_step
 
     # eps well above gradient round-off: Adam would otherwise blow float noise in near-zero gradients
     # (summed in a different order on one process) up to lr-sized update differences.

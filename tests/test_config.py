@@ -62,6 +62,12 @@ def test_algo_presets():
     c.algo = "roleagent"
     r = apply_algo(c)
     assert r.advantage.step_level and r.wia.mode == "separate" and r.aiw.enabled
+    for algo in ("grpo", "gigpo", "wia", "aiw", "roleagent"):  # each preset turns on what its name says
+        c.algo = algo
+        p = apply_algo(c)
+        assert p.advantage.step_level == (algo != "grpo")
+        assert (p.wia.mode == "separate") == (algo in ("wia", "roleagent"))
+        assert p.aiw.enabled == (algo in ("aiw", "roleagent"))
 
 
 def test_each_familys_options_are_its_own_defaults():
@@ -153,3 +159,32 @@ def test_every_declared_key_is_in_the_built_config_once():
         node = c
         for part in dotted.split("."):
             node = node[part]
+
+
+def test_a_renamed_key_is_refused_naming_the_new_one(monkeypatch, capsys):
+    c = load("demo")
+    with c.unlocked():
+        c.wia.backend = "difflib"  # a config file written before wia.similarity
+    with pytest.raises(ValueError, match=r"--config.wia.backend was renamed: set --config.wia.similarity"):
+        validate(c)
+    from roleagent_jax import main
+
+    argv = ["main", f"--config={REPO / 'configs' / 'demo.py'}", "--config.wia.backend=difflib"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit):
+        main.parse_flags(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        ": --config.wia.backend was renamed: set --config.wia.similarity instead"
+    )
+
+
+def test_the_rollout_backend_is_a_declared_key():
+    from roleagent_jax.backends import BACKENDS
+    from roleagent_jax.config import CONFIG
+
+    c = load("demo")
+    assert c.rollout.backend == CONFIG.default("rollout.backend") == "jax" and "jax" in BACKENDS
+    c.rollout.backend = "vllm"
+    with pytest.raises(ValueError, match=r"--config.rollout.backend='vllm': must be one of jax"):
+        validate(c)

@@ -110,6 +110,7 @@ def findkey_config(workdir):
     return c
 
 
+@pytest.mark.slow  # the learning test trains a registered family through the same code by default
 def test_registered_family_trains_and_evaluates_through_the_generic_code(findkey, tmp_path, capsys):
     from roleagent_jax import evaluate
     from roleagent_jax.envs import get_family, registered

@@ -88,6 +88,7 @@ def test_a_checkpoint_replays_its_runs_evaluation(tmp_path, name, played, capsys
     assert "as the run evaluated" not in capsys.readouterr().err  # --quiet
 
 
+@pytest.mark.slow  # a tiny run, then an evaluation: ~1.5 minutes on 2 cores
 def test_a_flag_given_overrides_the_runs_setting_and_says_so(tmp_path, capsys):
     summary = finished_run("search_qa_demo", tmp_path / "run")
     final = Path(summary["final_model"])

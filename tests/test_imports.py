@@ -1,10 +1,24 @@
 """The package's import graph has no circle, counting imports inside functions (they run as well) and
-those made only for type checking (a circle of types is a circle of meaning, even when nothing runs it)."""
+those made only for type checking (a circle of types is a circle of meaning, even when nothing runs it).
+
+The environment packages stay on their floor (docs/architecture.md): nothing they import, directly or
+through the modules they import, at module level or inside a function, reaches JAX or the model floor's
+modules (the model, the sampler, the optimizer and the train step), so environment worker processes
+never load them. Imports made only for type checking do not run and are not counted there."""
 
 import ast
+from collections import deque
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "roleagent_jax"
+
+# What environment code must never reach: JAX and its libraries, and the model floor of the module map.
+DEVICE_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax")
+MODEL_FLOOR = tuple(
+    f"roleagent_jax.{name}"
+    for name in ("models", "sharding", "distributed", "losses", "optimizer", "logprobs", "ppo", "train_step")
+    + ("sampling", "backends")
+)
 
 
 def module_name(path: Path) -> str:
@@ -12,14 +26,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Ids of the import nodes under an ``if TYPE_CHECKING:`` (they never run)."""
+    found = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+        if name == "TYPE_CHECKING":
+            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return found
+
+
+def import_tables(typing_only: bool = True) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Per module of the package: the package modules it imports, and the outside packages it imports
+    (top-level names). ``typing_only=False`` leaves out imports made only for type checking."""
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
+    outside: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
+        skip = set() if typing_only else _type_checking_nodes(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges = set()
+        edges, external = set(), set()
         for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -32,8 +63,13 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 continue
             edges |= {t for t in targets if t in modules and t != name}
-        graph[name] = edges
-    return graph
+            external |= {t.split(".")[0] for t in targets if t.split(".")[0] != PACKAGE.name}
+        graph[name], outside[name] = edges, external
+    return graph, outside
+
+
+def import_graph() -> dict[str, set[str]]:
+    return import_tables()[0]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -54,6 +90,43 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def floor_breaches(
+    graph: dict[str, set[str]],
+    outside: dict[str, set[str]],
+    start: str,
+    modules: tuple[str, ...],
+    libraries: tuple[str, ...],
+) -> list[list[str]]:
+    """For each module under ``start`` that reaches one of ``modules`` (or a module under one) or one of
+    the outside ``libraries``: the shortest import chain that does. Importing ``a.b.c`` runs the
+    ``a`` and ``a.b`` packages too, so a module also reaches its parent packages."""
+
+    def banned(name: str) -> bool:
+        return any(name == m or name.startswith(m + ".") for m in modules)
+
+    def parents(name: str) -> list[str]:
+        parts = name.split(".")
+        return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in graph]
+
+    breaches = []
+    for first in sorted(m for m in graph if m == start or m.startswith(start + ".")):
+        came_from, queue = {first: None}, deque([first])
+        while queue:
+            node = queue.popleft()
+            hit = next((lib for lib in sorted(outside.get(node, ())) if lib in libraries), None)
+            if banned(node) or hit:
+                chain = [node] + ([hit] if hit else [])
+                while came_from[chain[0]] is not None:
+                    chain.insert(0, came_from[chain[0]])
+                breaches.append(chain)
+                break
+            for nxt in sorted(graph[node] | set(parents(node))):
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    queue.append(nxt)
+    return breaches
+
+
 def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
@@ -62,3 +135,39 @@ def test_no_import_circle_in_the_package():
     graph = import_graph()
     assert "roleagent_jax.envs.base" in graph and graph["roleagent_jax.envs.pool"]
     assert cycles(graph) == []
+
+
+def test_floor_check_finds_jax_and_model_code_through_other_modules():
+    graph = {
+        "p": set(),
+        "p.envs": set(),
+        "p.envs.a": {"p.text"},
+        "p.envs.b": set(),
+        "p.envs.c": {"p.tools"},
+        "p.text": set(),
+        "p.tools": set(),
+        "p.tools.deep": set(),
+        "p.models": set(),
+        "p.models.qwen": set(),
+    }
+    outside = {"p.text": {"re"}, "p.envs.b": {"numpy"}}
+    assert floor_breaches(graph, outside, "p.envs", ("p.models",), ("jax",)) == []
+    outside["p.text"].add("jax")  # an env module reaches JAX through a helper it imports
+    graph["p.envs.b"].add("p.models.qwen")  # another imports model code directly
+    graph["p.tools"].add("p.tools.deep")
+    graph["p.tools.deep"].add("p.models")  # a third reaches it two modules away
+    assert floor_breaches(graph, outside, "p.envs", ("p.models",), ("jax",)) == [
+        ["p.envs.a", "p.text", "jax"],
+        ["p.envs.b", "p.models.qwen"],
+        ["p.envs.c", "p.tools", "p.tools.deep", "p.models"],
+    ]
+    # a package's own __init__ runs when one of its modules is imported
+    assert floor_breaches(
+        {"q": {"q.m"}, "q.m": set(), "q.e": set()}, {"q.m": {"jax"}}, "q.e", (), ("jax",)
+    ) == [["q.e", "q", "q.m", "jax"]]
+
+
+def test_environment_packages_import_no_jax_and_no_model_code():
+    graph, outside = import_tables(typing_only=False)
+    assert "roleagent_jax.envs.alfworld.family" in graph and all(m in graph for m in MODEL_FLOOR)
+    assert floor_breaches(graph, outside, "roleagent_jax.envs", MODEL_FLOOR, DEVICE_LIBRARIES) == []

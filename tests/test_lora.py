@@ -16,11 +16,14 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_logits, torch_qwen2
 
+from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, adapted_layers, add_lora, merged, projections
 from roleagent_jax.models.peft_io import save_adapter
+from roleagent_jax.optimizer import TrainState, make_optimizer
+from roleagent_jax.ppo import pack_rows
 from roleagent_jax.sharding import make_mesh, param_shardings
-from roleagent_jax.train_step import TrainState, make_logprob_fn, make_optimizer, make_train_step, pack_rows
+from roleagent_jax.train_step import make_train_step
 
 VOCAB = 128
 
@@ -206,7 +209,7 @@ def test_no_backward_pass_below_the_lowest_adapted_layer(scan):
     """The step's backward matmuls (its program's matmuls minus the forward's) grow by one block's worth
     per adapted layer and are the head's input gradient plus the adapted blocks' only: nothing runs
     backward through the frozen blocks below."""
-    from roleagent_jax.train_step import _model_logprobs
+    from roleagent_jax.logprobs import model_logprobs
 
     batch = fixed_batch()
     batch["old_logprobs"] = batch["ref_logprobs"] = jnp.zeros(batch["loss_mask"].shape)
@@ -217,7 +220,7 @@ def test_no_backward_pass_below_the_lowest_adapted_layer(scan):
         step = make_train_step(graphdef, optimizer, {"kl_type": "low_var_kl"})
         state = TrainState.create(adapters, optimizer, jax.random.PRNGKey(0))
         whole = dot_count(jax.make_jaxpr(step._step_fn)(state, batch, base).jaxpr)
-        trace = jax.make_jaxpr(_model_logprobs, static_argnums=(0, 3))
+        trace = jax.make_jaxpr(model_logprobs, static_argnums=(0, 3))
         forward = dot_count(trace(graphdef, adapters, batch, False, base).jaxpr)
         backward[layers] = whole - forward
     block = backward[2] - backward[1]  # one more adapted block

@@ -120,6 +120,7 @@ def compile_cache(tmp_path):
     compilation_cache.reset_cache()
 
 
+@pytest.mark.slow  # three runs of the paper's config on real games: ~2 minutes on 2 cores
 def test_paper_config_end_to_end(tmp_path, alfworld_data, compile_cache):
     from flax import nnx
 

@@ -1,9 +1,12 @@
 """Rollouts on the real engine with a scripted model: lockstep batching, WIA in the same sampler call."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from roleagent_jax import wia
+from roleagent_jax.config import CONFIG
 from roleagent_jax.envs import EnvPool, get_family
 from roleagent_jax.rollout import RolloutSettings, collect
 from roleagent_jax.sampling import SampleRequest, SampleResult
@@ -12,6 +15,9 @@ from roleagent_jax.wia import wia_multipliers
 from roleagent_jax.wia.predictor import Predictor
 
 ALFWORLD = get_family("alfworld")
+
+# The declared defaults (the config keys) that each test changes.
+DEFAULTS = RolloutSettings.from_config(CONFIG.build())
 
 
 class SpyPool:
@@ -100,7 +106,8 @@ def run(setup, mode, perfect=True):
         return out
 
     spy.step = step
-    settings = RolloutSettings(
+    settings = dataclasses.replace(
+        DEFAULTS,
         max_steps=20,
         history_k=2,
         max_prompt_tokens=4096,
@@ -153,7 +160,13 @@ def test_rollout_declares_task_groups_and_caps_predictions_by_observation_length
 
 def test_a_paused_prediction_continues_in_the_next_call_and_parses_whole(setup):
     _, tok, _ = setup
-    predictor = Predictor(ALFWORLD, PromptEncoder(tok, 4096), RolloutSettings(wia_mode="separate"), 0, 0)
+    predictor = Predictor(
+        ALFWORLD,
+        PromptEncoder(tok, 4096),
+        dataclasses.replace(DEFAULTS, wia_mode="separate", wia_horizon=1),
+        0,
+        0,
+    )
     answer = tok.encode(wia.format_predictions(["You arrive at fridge 1."]), add_special_tokens=False)
     first = SampleRequest([5, 6, 7], 40, stop=(wia.PREDICT_STOP,), role="predictor", background=True)
     predictor.pending = [(3, 0, first, None)]
@@ -177,7 +190,15 @@ def test_evaluation_style_rollouts_declare_no_groups(setup):
         seen.extend(requests)
         return [SampleResult([1], [-0.1], "<action>look</action>", "stop", r.role) for r in requests]
 
-    collect(generate, ALFWORLD, envs, [0, 1, 2, 3], [0, 1, 2, 3], tok, RolloutSettings(max_steps=2))
+    collect(
+        generate,
+        ALFWORLD,
+        envs,
+        [0, 1, 2, 3],
+        [0, 1, 2, 3],
+        tok,
+        dataclasses.replace(DEFAULTS, max_steps=2, wia_mode="off", wia_horizon=1),
+    )
     assert seen and all(r.group is None for r in seen)
 
 

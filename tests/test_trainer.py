@@ -148,7 +148,7 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
-    from roleagent_jax.train_step import MODEL_KEYS
+    from roleagent_jax.logprobs import MODEL_KEYS
     from roleagent_jax.trainer import Trainer
 
     c = tiny_config(tmp_path, 1)
@@ -158,17 +158,17 @@ def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
         trainer.warm_start()
         params0 = jax.device_get(trainer.state.params)
         batches, passes = [], []
-        step, logprobs = trainer.train_step, trainer.backend.logprobs
+        step, logprobs = trainer.train_step, trainer.logprobs
 
         def spy_step(state, batch, frozen=None):
             batches.append(jax.device_get(batch))
             return step(state, batch, frozen)
 
-        def spy_logprobs(batch, params=None):
+        def spy_logprobs(batch, params):
             passes.append(params)
             return logprobs(batch, params)
 
-        trainer.train_step, trainer.backend.logprobs = spy_step, spy_logprobs
+        trainer.train_step, trainer.logprobs = spy_step, spy_logprobs
         trainer.iteration(0)
         assert c.train.ppo_epochs == 1  # so one log-prob chunk per mini-batch means: the reference only
         assert batches and len(passes) == len(batches)

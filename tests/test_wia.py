@@ -24,16 +24,16 @@ def lcs_len(a: str, b: str) -> int:
     return prev[-1]
 
 
-@pytest.mark.parametrize("backend", ["rapidfuzz", "difflib"])
-def test_identical_and_disjoint(backend):
+@pytest.mark.parametrize("similarity", ["rapidfuzz", "difflib"])
+def test_identical_and_disjoint(similarity):
     obs = "You arrive at countertop 1. On the countertop 1, you see a apple 1."
-    assert wia.lms_similarity(obs, obs, backend) == 1.0
-    assert wia.lms_similarity("abc", "xyz", backend) == 0.0
-    assert wia.lms_similarity("", "", backend) == 1.0
-    assert wia.lms_similarity("", "abc", backend) == 0.0
-    assert wia.lms_similarity("abc", "", backend) == 0.0
+    assert wia.lms_similarity(obs, obs, similarity) == 1.0
+    assert wia.lms_similarity("abc", "xyz", similarity) == 0.0
+    assert wia.lms_similarity("", "", similarity) == 1.0
+    assert wia.lms_similarity("", "abc", similarity) == 0.0
+    assert wia.lms_similarity("abc", "", similarity) == 0.0
     # normalisation: case and whitespace do not matter
-    assert wia.lms_similarity("  You ARRIVE\n at  desk 1.", "you arrive at desk 1.", backend) == 1.0
+    assert wia.lms_similarity("  You ARRIVE\n at  desk 1.", "you arrive at desk 1.", similarity) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -45,9 +45,9 @@ def test_identical_and_disjoint(backend):
         ("go to desk 1", "go to desk 2", 2 * 11 / 24),
     ],
 )
-@pytest.mark.parametrize("backend", ["rapidfuzz", "difflib"])
-def test_hand_computed_pairs(a, b, expected, backend):
-    assert wia.lms_similarity(a, b, backend) == pytest.approx(expected, abs=1e-12)
+@pytest.mark.parametrize("similarity", ["rapidfuzz", "difflib"])
+def test_hand_computed_pairs(a, b, expected, similarity):
+    assert wia.lms_similarity(a, b, similarity) == pytest.approx(expected, abs=1e-12)
 
 
 def test_rapidfuzz_is_2lcs_over_total_on_random_strings():
@@ -76,15 +76,15 @@ def test_batch_equals_scalar():
     rng = random.Random(1)
     preds = ["".join(rng.choice("xyz ") for _ in range(rng.randint(0, 12))) for _ in range(50)]
     acts = ["".join(rng.choice("xyw ") for _ in range(rng.randint(0, 12))) for _ in range(50)]
-    for backend in ("rapidfuzz", "difflib"):
-        batch = wia.lms_batch(preds, acts, backend)
-        ref = [wia.lms_similarity(p, a, backend) for p, a in zip(preds, acts)]
+    for similarity in ("rapidfuzz", "difflib"):
+        batch = wia.lms_batch(preds, acts, similarity)
+        ref = [wia.lms_similarity(p, a, similarity) for p, a in zip(preds, acts)]
         np.testing.assert_allclose(batch, ref, atol=1e-12)
     assert wia.lms_batch([], []).shape == (0,)
     with pytest.raises(ValueError):
         wia.lms_batch(["a"], [])
     with pytest.raises(ValueError):
-        wia.lms_similarity("a", "b", backend="levenshtein")
+        wia.lms_similarity("a", "b", similarity="levenshtein")
 
 
 def test_predictor_prompt_and_format_roundtrip():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.config.keys import CONFIG
+from roleagent_jax.config.keys import ALGO_PRESETS, CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, lookup
 from roleagent_jax.envs.base import get_family, registered
 
@@ -224,11 +224,30 @@ def _data_errors(config: ConfigDict) -> list[str]:
     return []
 
 
+def renamed_key_error(dotted: str) -> str | None:
+    """The one-line refusal of a renamed key, naming the key that replaced it (None for any other)."""
+    new = RENAMED.get(dotted)
+    return f"--config.{dotted} was renamed: set --config.{new} instead" if new else None
+
+
+def _renamed_errors(config: ConfigDict) -> list[str]:
+    errors = []
+    for old in RENAMED:
+        parent, _, name = old.rpartition(".")
+        try:
+            node = lookup(config, parent) if parent else config
+        except (KeyError, AttributeError):
+            continue
+        if name in node:
+            errors.append(renamed_key_error(old))
+    return errors
+
+
 def validate(config: ConfigDict) -> ConfigDict:
     """Raise ValueError naming the key, the bad value and what is allowed; return the config (with
     ``~`` expanded in its paths)."""
     config = expand_paths(config)
-    errors = startup_errors(config) + CONFIG.errors(config)
+    errors = _renamed_errors(config) + startup_errors(config) + CONFIG.errors(config)
     mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
     if micro >= 1 and mini % micro:
         errors.append(f"--config.train.mini_batch_rows={mini} must be a multiple of micro_batch_rows={micro}")
@@ -238,12 +257,9 @@ def validate(config: ConfigDict) -> ConfigDict:
 
 
 def apply_algo(config: ConfigDict) -> ConfigDict:
-    """GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW. The
-    paper's ablations: ``wia`` = GiGPO + WIA, ``aiw`` = GiGPO + AIW."""
+    """A copy of the config with its algorithm's preset (`keys.ALGO_PRESETS`) set over it."""
     config = ConfigDict(config.to_dict())
-    config.advantage.step_level = config.algo != "grpo"
-    if config.algo in ("grpo", "gigpo", "aiw"):
-        config.wia.mode = "off"
-    if config.algo in ("grpo", "gigpo", "wia"):
-        config.aiw.enabled = False
+    for dotted, value in ALGO_PRESETS[config.algo].items():
+        parent, _, name = dotted.rpartition(".")
+        lookup(config, parent)[name] = value
     return config

@@ -6,9 +6,22 @@
 
 from __future__ import annotations
 
+from roleagent_jax.backends.base import BACKENDS
 from roleagent_jax.config.schema import FamilyOptions, Key, Section
 
-ALGOS = ("grpo", "gigpo", "wia", "aiw", "roleagent")
+# The algorithms as presets: the keys each one sets, over the config's values (`checks.apply_algo`).
+# GRPO = episode-level advantages only; GiGPO adds step groups; Role-Agent adds WIA and AIW; the paper's
+# ablations: wia = GiGPO + WIA, aiw = GiGPO + AIW.
+ALGO_PRESETS = {
+    "grpo": {"advantage.step_level": False, "wia.mode": "off", "aiw.enabled": False},
+    "gigpo": {"advantage.step_level": True, "wia.mode": "off", "aiw.enabled": False},
+    "wia": {"advantage.step_level": True, "aiw.enabled": False},
+    "aiw": {"advantage.step_level": True, "wia.mode": "off"},
+    "roleagent": {"advantage.step_level": True},
+}
+ALGOS = tuple(ALGO_PRESETS)
+# Keys that were renamed (old -> new): a config file or command line that still sets one is refused.
+RENAMED = {"wia.backend": "wia.similarity"}
 DTYPES = ("float32", "bfloat16", "float16")
 
 MODEL = Section("model", "the policy: a Hugging Face checkpoint, or a small random Qwen2", [
@@ -83,6 +96,8 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     Key("max_prompt_tokens", 2048, "longer prompts are cut from the left", ge=16),
     Key("max_response_tokens", 512, "answer length", ge=1),
     Key("max_rows_per_call", 0, "sampler rows per call (0 = up to 256); lower it when prefill OOMs", ge=0),
+    Key("backend", "jax", "what generates: the rollouts, evaluation and AIW's analyst (roleagent_jax.backends)",
+        choices=tuple(BACKENDS)),
 ])  # fmt: skip
 
 ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
@@ -94,6 +109,7 @@ ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
     Key("negative_scale", 1.0, "< 1 damps negative advantages (1 = as published)", ge=0.0, le=1.0),
     Key("std_floor", 0.0, "> 0 floors the group std of mean_std_norm (all-fail groups)", ge=0.0),
     Key("anchor_similarity", 1.0, "< 1 merges near-identical anchors into one step group", gt=0.0, le=1.0),
+    Key("step_level", True, "set by algo: GiGPO's step groups, off for grpo"),
 ])  # fmt: skip
 
 LOSS = Section("loss", "the PPO loss", [
@@ -129,7 +145,7 @@ WIA = Section("wia", "world-model imagination: the policy predicts what its acti
     Key("lam", 1.0, "shaping strength", ge=0.0),
     Key("fraction", 1.0, "share of steps that get a prediction", ge=0.0, le=1.0),
     Key("max_tokens", 128, "prediction length", ge=1),
-    Key("backend", "rapidfuzz", "string similarity of prediction and outcome",
+    Key("similarity", "rapidfuzz", "string similarity of prediction and outcome (wia.scoring)",
         choices=("rapidfuzz", "difflib")),
     # separate mode only. False (the paper's setting): predictions only score the agent through the WIA
     # multiplier; the action's advantage says nothing about whether a prediction was right, so training on

@@ -78,6 +78,10 @@ class Section:
             elif isinstance(entry, Key):
                 yield f"{prefix}{entry.name}", entry
 
+    def default(self, dotted: str) -> Any:
+        """The declared default of one key, e.g. "rollout.backend" (for code that runs without a config)."""
+        return dict(self.keys())[dotted].default
+
     def errors(self, config: ConfigDict) -> list[str]:
         """Each declared key's refusal (type, choices, bounds), in declaration order."""
         found = (key.error(dotted, lookup(config, dotted)) for dotted, key in self.keys())

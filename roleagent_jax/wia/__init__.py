@@ -18,7 +18,7 @@ from roleagent_jax.wia.prompts import (
     prediction_mask,
 )
 from roleagent_jax.wia.scoring import (
-    BACKENDS,
+    SIMILARITIES,
     WIAStats,
     lms_batch,
     lms_similarity,
@@ -29,7 +29,7 @@ from roleagent_jax.wia.scoring import (
 from roleagent_jax.wia.shaping import return_multiplier, wia_multipliers, with_predictor_rows
 
 __all__ = [
-    "BACKENDS", "INLINE_STOP", "PREDICT_STOP", "WIAStats", "build_predictor_prompt", "format_predictions",
+    "INLINE_STOP", "PREDICT_STOP", "SIMILARITIES", "WIAStats", "build_predictor_prompt", "format_predictions",
     "inline_instruction", "lms_batch", "lms_similarity", "normalize_text", "parse_inline_prediction",
     "parse_predictions", "prediction_mask", "return_multiplier", "score_batch", "score_trajectory_predictions",
     "wia_multipliers", "with_predictor_rows",

@@ -1,11 +1,11 @@
 """WIA scoring: how close each prediction came to the observation that followed (host-side, no JAX).
 
 Similarity (LMS). Both texts are first normalised: lower-cased, every run of whitespace collapsed
-to one space, leading/trailing space stripped. The default ``rapidfuzz`` backend then returns
+to one space, leading/trailing space stripped. The default ``rapidfuzz`` similarity then returns
 rapidfuzz's Indel normalised similarity, which is exactly ``2 * LCS(a, b) / (len(a) + len(b))``
 (LCS = longest common subsequence of characters). We chose the symmetric ``2·LCS/(len a + len b)``
 over ``LCS / max(len)`` because it is the quantity difflib's ``ratio()`` (the public code's scorer)
-approximates -- ``2·M/T`` with M a greedy lower bound of the LCS -- so both backends agree on short
+approximates -- ``2·M/T`` with M a greedy lower bound of the LCS -- so both similarities agree on short
 texts and ``difflib`` remains a drop-in comparison; it also penalises padding a prediction with extra
 text, which ``LCS / max`` would only do once the prediction is the longer string.
 Two empty texts are identical (1.0); exactly one empty text scores 0.0.
@@ -22,7 +22,7 @@ import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import Indel
 
-BACKENDS = ("rapidfuzz", "difflib")
+SIMILARITIES = ("rapidfuzz", "difflib")  # the wia.similarity key
 
 _WS = re.compile(r"\s+")
 
@@ -35,30 +35,32 @@ def normalize_text(text: str) -> str:
     return _WS.sub(" ", text).strip().lower()
 
 
-def lms_similarity(prediction: str, actual: str, backend: str = "rapidfuzz") -> float:
+def lms_similarity(prediction: str, actual: str, similarity: str = "rapidfuzz") -> float:
     """Normalised longest-common-subsequence similarity in [0, 1] (see the module docstring)."""
     a, b = normalize_text(prediction), normalize_text(actual)
     if not a and not b:
         return 1.0
     if not a or not b:
         return 0.0
-    if backend == "rapidfuzz":
+    if similarity == "rapidfuzz":
         return float(Indel.normalized_similarity(a, b))
-    if backend == "difflib":
+    if similarity == "difflib":
         return float(difflib.SequenceMatcher(None, a, b).ratio())
-    raise ValueError(f"unknown LMS backend {backend!r}; use one of {BACKENDS}")
+    raise ValueError(f"unknown LMS similarity {similarity!r}; use one of {SIMILARITIES}")
 
 
-def lms_batch(predictions: Sequence[str], actuals: Sequence[str], backend: str = "rapidfuzz") -> np.ndarray:
+def lms_batch(
+    predictions: Sequence[str], actuals: Sequence[str], similarity: str = "rapidfuzz"
+) -> np.ndarray:
     """Pairwise LMS of ``predictions[i]`` vs ``actuals[i]`` -> float64 [n] (C loop for rapidfuzz)."""
     if len(predictions) != len(actuals):
         raise ValueError(f"lms_batch needs equal lengths, got {len(predictions)} and {len(actuals)}")
     if len(predictions) == 0:
         return np.zeros((0,), np.float64)
-    if backend == "difflib":
+    if similarity == "difflib":
         return np.array([lms_similarity(p, a, "difflib") for p, a in zip(predictions, actuals)], np.float64)
-    if backend != "rapidfuzz":
-        raise ValueError(f"unknown LMS backend {backend!r}; use one of {BACKENDS}")
+    if similarity != "rapidfuzz":
+        raise ValueError(f"unknown LMS similarity {similarity!r}; use one of {SIMILARITIES}")
     a = [normalize_text(p) for p in predictions]
     b = [normalize_text(x) for x in actuals]
     # Indel already maps ("", "") -> 1 and (x, "") -> 0, matching lms_similarity.
@@ -155,7 +157,7 @@ def score_trajectory_predictions(
     observations_after: Sequence[str],
     *,
     discount: float | None = None,
-    backend: str = "rapidfuzz",
+    similarity: str = "rapidfuzz",
 ) -> tuple[np.ndarray, np.ndarray, WIAStats]:
     """R_pre for every step of one episode.
 
@@ -166,7 +168,7 @@ def score_trajectory_predictions(
     Returns (r_pre float32 [T], mask bool [T] = step had a scored prediction, stats).
     Steps without predictions get r_pre 0 and mask False.
     """
-    return score_batch([predictions], [observations_after], discount=discount, backend=backend)[0]
+    return score_batch([predictions], [observations_after], discount=discount, similarity=similarity)[0]
 
 
 def score_batch(
@@ -174,7 +176,7 @@ def score_batch(
     observations_after: Sequence[Sequence[str]],
     *,
     discount: float | None = None,
-    backend: str = "rapidfuzz",
+    similarity: str = "rapidfuzz",
 ) -> list[tuple[np.ndarray, np.ndarray, WIAStats]]:
     """``score_trajectory_predictions`` for many episodes with one batched LMS call over all pairs."""
     if len(predictions) != len(observations_after):
@@ -182,7 +184,7 @@ def score_batch(
     all_stats = [WIAStats() for _ in predictions]
     all_pairs = [_collect_pairs(p, o, s) for p, o, s in zip(predictions, observations_after, all_stats)]
     flat = [(p or "", a) for pairs in all_pairs for (_, _, p, a) in pairs]
-    sims = lms_batch([f[0] for f in flat], [f[1] for f in flat], backend=backend)
+    sims = lms_batch([f[0] for f in flat], [f[1] for f in flat], similarity=similarity)
     out, k = [], 0
     for pairs, obs, stats in zip(all_pairs, observations_after, all_stats):
         r_pre, mask = _aggregate(len(obs), pairs, sims[k : k + len(pairs)], discount, stats)

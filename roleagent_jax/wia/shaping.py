@@ -29,13 +29,13 @@ def wia_multipliers(
     predictions: Mapping[int, Mapping[int, Sequence[str | None]]],
     rows: Sequence[Row],
     lam: float,
-    backend: str = "rapidfuzz",
+    similarity: str = "rapidfuzz",
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Per-row return multipliers 1 + lam * R_pre, scored in one batched LMS call, and WIA metrics."""
     scored = score_batch(
         [predictions.get(t.traj_id, {}) for t in trajectories],
         [[s.next_observation for s in t.steps] for t in trajectories],
-        backend=backend,
+        similarity=similarity,
     )
     r_pre = {t.traj_id: r for t, (r, _, _) in zip(trajectories, scored, strict=True)}
     stats = WIAStats()

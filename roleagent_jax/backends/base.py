@@ -1,0 +1,43 @@
+"""The rollout backend: what the trainer, the evaluation policy and AIW's analyst need from whatever turns
+prompts into text. Two calls (new weights in, answers out), so a second backend (a server-side engine,
+an asynchronous rollout worker) plugs in behind `make_backend` without the callers changing. The
+log-probs the update needs come from the trainer's own forward pass, never from a backend.
+
+The registry names each backend's class by module and attribute, so the config reads the names and
+a run imports only the backend it uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import jax
+
+    from roleagent_jax.sampling import SampleRequest, SampleResult, SamplingParams
+
+
+class RolloutBackend(Protocol):
+    """Generation for every role of the policy, with the weights it was last given."""
+
+    def update_weights(self, params: Any) -> None:
+        """The weights of the next calls (the full model: with LoRA, the merged copy); None frees them."""
+
+    def generate(
+        self, requests: Sequence[SampleRequest], sampling: SamplingParams, key: jax.Array
+    ) -> list[SampleResult]:
+        """One batched call: every request answered, in order."""
+
+
+# name -> "module:class"; the class is built as cls(graphdef, model_config, tokenizer, mesh, **options).
+BACKENDS: dict[str, str] = {"jax": "roleagent_jax.backends.jax:JaxBackend"}
+
+
+def make_backend(name: str, graphdef, model_config, tokenizer, mesh=None, **options: Any) -> RolloutBackend:
+    """The backend registered under `name` (`BACKENDS`), built for this model and tokenizer."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown rollout backend {name!r}: one of {', '.join(BACKENDS)}")
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)(graphdef, model_config, tokenizer, mesh, **options)

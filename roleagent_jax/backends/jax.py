@@ -1,0 +1,38 @@
+"""The in-process rollout backend: the jitted KV-cache `Sampler` on the same mesh as training, so new
+weights are a pointer swap, not a copy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from roleagent_jax.sampling.sampler import (
+    BATCH_BUCKETS,
+    Sampler,
+    SampleRequest,
+    SampleResult,
+    SamplingParams,
+)
+
+
+class JaxBackend:
+    """`RolloutBackend` through the jitted KV-cache `Sampler`."""
+
+    def __init__(self, graphdef, model_config, tokenizer, mesh=None, *, eos_ids: Sequence[int] | None = None,
+                 batch_buckets: Sequence[int] = BATCH_BUCKETS):  # fmt: skip
+        self.sampler = Sampler(
+            graphdef, model_config, tokenizer, mesh, eos_ids=eos_ids, batch_buckets=batch_buckets
+        )
+        self.params = None
+
+    def update_weights(self, params: Any) -> None:
+        self.params = params
+
+    def generate(
+        self, requests: Sequence[SampleRequest], sampling: SamplingParams, key: jax.Array
+    ) -> list[SampleResult]:
+        if self.params is None:
+            raise RuntimeError("the rollout backend has no weights yet: call update_weights first")
+        return self.sampler.generate(self.params, requests, sampling, key)

@@ -1,0 +1,185 @@
+"""PPO's host-side batch: rows packed on one token grid (``pack_rows``; the grid is described in
+`logprobs`), the old-policy and reference log-probs fixed before the update (``ppo_batch``), and the
+epochs of shuffled mini-batch steps (``ppo_epochs``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roleagent_jax.logprobs import MODEL_KEYS, TARGET_KEY, round_up, target_index
+
+if TYPE_CHECKING:
+    from roleagent_jax.optimizer import TrainState
+    from roleagent_jax.train_step import TrainStep
+
+log = logging.getLogger(__name__)
+
+
+def pack_rows(
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    max_prompt: int | None = None,
+    max_response: int | None = None,
+    length_bucket: int | Sequence[int] = 64,
+    response_logprobs: Sequence[Sequence[float]] | None = None,
+    stats: dict[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Rows on one token grid ``[N, T]``: prompts left-padded to the longest prompt, responses right after
+    them, right-padded; ``T`` rounded up to ``length_bucket`` (an int multiple, or the smallest of a list
+    of sizes) so few shapes get compiled.
+
+    Prompts longer than ``max_prompt`` lose tokens from the LEFT (the recent context matters most);
+    responses longer than ``max_response`` are cut on the right. Counts are logged as a warning and,
+    with ``stats``, stored as ``stats['prompts_truncated']`` / ``stats['responses_truncated']``.
+    Returns numpy arrays: input_ids, attention_mask, positions (int32; positions count real tokens from
+    0, padding 0), loss_mask (float32, 1 on response tokens), target_index (``target_index``: the
+    response columns, where the model's head runs), and sampler_logprobs (float32, on response
+    tokens) when ``response_logprobs`` is given.
+    """
+    n = len(prompt_ids)
+    if n == 0:
+        raise ValueError("pack_rows needs at least one row")
+    if len(response_ids) != n:
+        raise ValueError(f"{n} prompts but {len(response_ids)} responses")
+    if response_logprobs is not None and len(response_logprobs) != n:
+        raise ValueError(f"{n} responses but {len(response_logprobs)} response_logprobs rows")
+    prompts, responses, logprobs = [], [], []
+    cut_p = cut_r = 0
+    for i in range(n):
+        p = np.asarray(prompt_ids[i], np.int64).reshape(-1)
+        r = np.asarray(response_ids[i], np.int64).reshape(-1)
+        if p.size == 0:
+            raise ValueError(f"row {i} has an empty prompt: the first response token needs a predecessor")
+        if max_prompt is not None and p.size > max_prompt:
+            p, cut_p = p[-max_prompt:], cut_p + 1
+        if max_response is not None and r.size > max_response:
+            r, cut_r = r[:max_response], cut_r + 1
+        if response_logprobs is not None:
+            lp = np.asarray(response_logprobs[i], np.float32).reshape(-1)
+            if lp.size < r.size:
+                raise ValueError(f"row {i}: {lp.size} log-probs for {r.size} response tokens")
+            logprobs.append(lp[: r.size])
+        prompts.append(p)
+        responses.append(r)
+    if cut_p or cut_r:
+        log.warning(
+            "pack_rows: %d/%d prompts truncated from the left to %s tokens, %d responses cut to %s",
+            cut_p,
+            n,
+            max_prompt,
+            cut_r,
+            max_response,
+        )
+    if stats is not None:
+        stats["prompts_truncated"] = cut_p
+        stats["responses_truncated"] = cut_r
+
+    width_p = max(p.size for p in prompts)
+    width = round_up(width_p + max(r.size for r in responses), length_bucket)
+    input_ids = np.full((n, width), pad_id, np.int32)
+    attention = np.zeros((n, width), np.int32)
+    positions = np.zeros((n, width), np.int32)
+    loss_mask = np.zeros((n, width), np.float32)
+    sampler_lp = np.zeros((n, width), np.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        start, end = width_p - p.size, width_p + r.size
+        input_ids[i, start:width_p] = p
+        input_ids[i, width_p:end] = r
+        attention[i, start:end] = 1
+        positions[i, start:end] = np.arange(end - start)
+        loss_mask[i, width_p:end] = 1.0
+        if response_logprobs is not None:
+            sampler_lp[i, width_p:end] = logprobs[i]
+    out = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "positions": positions,
+        "loss_mask": loss_mask,
+        TARGET_KEY: target_index(loss_mask),
+    }
+    if response_logprobs is not None:
+        out["sampler_logprobs"] = sampler_lp
+    return out
+
+
+def ppo_batch(
+    rows: Sequence[Any],
+    advantages: np.ndarray,
+    *,
+    pad_id: int,
+    max_prompt: int,
+    max_response: int,
+    mini_batch_rows: int,
+    old_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
+    ref_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """One iteration's rows (``types.Row``) as PPO's host batch: the token grid, advantages, and the
+    old-policy and reference log-probs, padded to whole mini-batches with zero-weight rows (every
+    step then has one shape and one compile).
+
+    The log-probs are fixed for every row before the first step, so the ratio of later mini-batches
+    measures how far the policy moved in this iteration. `old_logprobs=None` takes the sampler's own
+    (the same quantity: log_softmax of the raw logits, prompts cut to the same limit), one forward pass
+    fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass).
+    """
+    packed = pack_rows(
+        [r.prompt_ids for r in rows],
+        [r.response_ids for r in rows],
+        pad_id,
+        max_prompt=max_prompt,
+        max_response=max_response,
+        response_logprobs=[r.logprobs for r in rows] if old_logprobs is None else None,
+    )
+    n, mb = len(rows), mini_batch_rows
+    padded = -(-n // mb) * mb
+    fill = np.concatenate([np.arange(n), np.zeros(padded - n, np.int64)])
+    packed = {k: v[fill] for k, v in packed.items()}
+    packed["loss_mask"][n:] = 0  # padding rows repeat row 0 but weigh nothing
+    packed["advantages"] = advantages[fill].astype(np.float32)
+
+    def chunked(fn: Callable[[dict[str, jax.Array]], np.ndarray]) -> np.ndarray:
+        keys = (*MODEL_KEYS, "loss_mask", TARGET_KEY)
+        return np.concatenate(
+            [fn({k: jnp.asarray(packed[k][s : s + mb]) for k in keys}) for s in range(0, padded, mb)]
+        )
+
+    packed["old_logprobs"] = packed.pop("sampler_logprobs") if old_logprobs is None else chunked(old_logprobs)
+    packed["ref_logprobs"] = chunked(ref_logprobs) if ref_logprobs is not None else packed["old_logprobs"]
+    return packed
+
+
+def ppo_epochs(
+    train_step: TrainStep,
+    state: TrainState,
+    packed: dict[str, np.ndarray],
+    n_rows: int,
+    *,
+    mini_batch_rows: int,
+    epochs: int,
+    rng: np.random.Generator,
+    frozen: Any = None,
+) -> tuple[TrainState, dict[str, float]]:
+    """PPO epochs over shuffled mini-batches of a `ppo_batch` (its first `n_rows` rows are real; the
+    padding rows stay last). Returns the new state, each metric's mean over the steps and each phase's
+    total seconds (``time/update/forward_backward``, ``time/update/optimizer``)."""
+    padded, mb = len(packed["advantages"]), mini_batch_rows
+    sums: dict[str, list[float]] = {}
+    times: dict[str, float] = {}
+    for _ in range(epochs):
+        order = np.concatenate([rng.permutation(n_rows), np.arange(n_rows, padded)])
+        for start in range(0, padded, mb):
+            idx = order[start : start + mb]
+            state, metrics = train_step(state, {k: jnp.asarray(v[idx]) for k, v in packed.items()}, frozen)
+            for k, v in metrics.items():
+                sums.setdefault(f"update/{k}", []).append(float(v))
+            for k, v in getattr(train_step, "times", {}).items():  # a TrainStep times its phases
+                times[f"time/update/{k}"] = times.get(f"time/update/{k}", 0.0) + v
+    return state, {**{k: float(np.mean(v)) for k, v in sums.items()}, **times}
