@@ -121,7 +121,10 @@ def curve_series(
             wins = evals.get(when, {}).get(split, {}).get("wins")
             if n and wins and len(wins) >= n:
                 points[step] = float(np.mean(wins[:n]))
-        lines[f"{split} (the first {n} games)" if n else split] = (sorted(points), [points[k] for k in sorted(points)])
+        lines[f"{split} (the first {n} games)" if n else split] = (
+            sorted(points),
+            [points[k] for k in sorted(points)],
+        )
     return lines
 
 
