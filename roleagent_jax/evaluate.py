@@ -183,6 +183,38 @@ def evaluate_trajectories(
     return trajs
 
 
+def episode_record(traj: Trajectory) -> dict:
+    """One episode as plain JSON: what was asked, what the policy wrote and what came back at each step."""
+    return {
+        "task_id": traj.task_id,
+        "task_type": traj.task_type,
+        "goal": traj.goal,
+        "won": traj.won,
+        "score": traj.score,
+        "env_failed": traj.env_failed,
+        "steps": [
+            {
+                "response": s.response,
+                "action": s.action,
+                "valid": s.valid,
+                "reward": s.reward,
+                "result": s.next_observation,
+            }
+            for s in traj.steps
+        ],
+    }
+
+
+def write_episodes(path: str | Path, trajs: Sequence[Trajectory]) -> None:
+    """Every episode in task-id order, one JSON object a line; written whole or not at all (temp + rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        for t in sorted(trajs, key=lambda t: t.task_id):
+            f.write(json.dumps(episode_record(t)) + "\n")
+    tmp.replace(path)
+
+
 def make_policy(
     name: str, seed: int, checkpoint: str | None, temperature: float, family: Family, greedy: bool = False
 ) -> Policy:
@@ -329,6 +361,12 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
             default=None,
             help=_option_help(family, key, default),
         )
+    p.add_argument(
+        "--episodes",
+        default=None,
+        metavar="FILE",
+        help="also write every episode (task, each action with its result, the outcome) to FILE as JSON lines",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the JSON line")
     return p
 
@@ -347,6 +385,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--step-timeout={args.step_timeout}: must be > 0")
     if args.temperature < 0:
         raise ValueError(f"--temperature={args.temperature}: must be >= 0")
+    if args.episodes is not None:
+        folder = Path(args.episodes).parent
+        if not folder.is_dir():
+            raise ValueError(f"--episodes={args.episodes}: folder {str(folder)!r} does not exist")
+        if Path(args.episodes).is_dir():
+            raise ValueError(f"--episodes={args.episodes}: is a folder, not a file")
 
 
 def trained_defaults(trained: dict, family: Family) -> tuple[dict, dict]:
@@ -460,11 +504,10 @@ def main(argv: list[str] | None = None) -> dict:
     except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
     log = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    summary = evaluate(
+    trajs = evaluate_trajectories(
         policy,
         family,
         pool,
-        args.split,
         num_workers=args.num_workers,
         max_steps=args.max_steps,
         batch_size=args.batch_size,
@@ -472,6 +515,9 @@ def main(argv: list[str] | None = None) -> dict:
         limit=args.limit,
         log=log,
     )
+    summary = summarize(args.split, trajs, family.task_types, family.score_name, pool)
+    if args.episodes is not None:
+        write_episodes(args.episodes, trajs)
     if not args.quiet:
         name = family.score_name
         scores = summary.get(f"per_type_{name}")

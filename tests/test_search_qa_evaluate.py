@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from roleagent_jax.evaluate import main
 
 
@@ -37,3 +39,35 @@ def test_a_real_dataset_file_with_a_local_corpus(capsys, tmp_path):
     assert summary["n"] == 2 and summary["split"] == "hotpotqa"
     assert list(summary["per_type_em"]) == ["hotpotqa"] and 0.0 <= summary["em"] <= 1.0
     assert lines[-3].startswith("hotpotqa")
+
+
+def test_episodes_file_holds_each_episode_as_played(capsys, tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    summary, _ = _run(
+        capsys,
+        "--policy=expert",
+        "--split=gen_test",
+        "--gen-n=12",
+        f"--gen-dir={tmp_path}",
+        f"--episodes={path}",
+    )
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["task_id"] for r in records] == list(range(12))
+    assert [int(r["won"]) for r in records] == summary["wins"]
+    assert sum(len(r["steps"]) for r in records) / 12 == summary["mean_steps"]
+    for r in records:
+        *searches, answer = r["steps"]
+        # the expert searches until the passages hold the answer, then answers; the answer ends it
+        assert searches and r["won"]
+        assert all(s["action"].startswith("<search>") and s["result"] for s in searches)
+        assert answer["action"].startswith("<answer>") and answer["reward"] > 0
+    assert not (tmp_path / "episodes.jsonl.tmp").exists()
+
+
+def test_episodes_file_in_a_missing_folder_is_refused_before_playing(capsys, tmp_path):
+    bad = tmp_path / "nowhere" / "episodes.jsonl"
+    with pytest.raises(SystemExit) as exc:
+        main(["--env=search_qa", "--policy=expert", "--split=gen_test", f"--episodes={bad}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --episodes={bad}: folder {str(bad.parent)!r} does not exist"]
