@@ -2,7 +2,8 @@
 
 DIR is a Hugging Face directory written by the trainer (`<workdir>/hf_final`, `hf_warmstart`) or any
 Qwen2 checkpoint with its tokenizer; `roleagent.json` beside the weights, when present, carries what the
-model was trained with (`trained_settings`): here the prompt settings (history window, token budgets).
+model was trained with (`trained_settings`): here the prompt settings (history window, token budgets)
+and the sampler's largest call.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from roleagent_jax.backends import make_backend
 from roleagent_jax.config import CONFIG
 from roleagent_jax.envs.base import Family
 from roleagent_jax.models import load_pretrained
-from roleagent_jax.sampling import SampleRequest, SamplingParams
+from roleagent_jax.sampling import SampleRequest, SamplingParams, capped_batch_buckets
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids, load_tokenizer
-from roleagent_jax.trained_settings import PROMPT_DEFAULTS as DEFAULTS
+from roleagent_jax.trained_settings import POLICY_DEFAULTS as DEFAULTS
 from roleagent_jax.trained_settings import check_checkpoint, read_settings
 
 
@@ -40,8 +41,8 @@ class ModelPolicy:
         greedy: bool = False,
         backend: str | None = None,
     ):
-        """``settings`` override the prompt settings (``DEFAULTS`` keys) the checkpoint carries; ``backend``
-        is a rollout backend's name (default: the ``rollout.backend`` key's)."""
+        """``settings`` override the prompt and sampler settings (``DEFAULTS`` keys) the checkpoint
+        carries; ``backend`` is a rollout backend's name (default: the ``rollout.backend`` key's)."""
         path = Path(checkpoint)
         check_checkpoint(path)
         trained = read_settings(path)
@@ -58,6 +59,7 @@ class ModelPolicy:
             config,
             self.tokenizer,
             eos_ids=eos_ids(self.tokenizer),
+            batch_buckets=capped_batch_buckets(int(self.settings["max_rows_per_call"])),
         )
         self.backend.update_weights(params)
         self.sampling = SamplingParams(temperature=temperature, greedy=greedy)

@@ -5,6 +5,7 @@ reads it, so a run's model is evaluated on the same tasks, with the same prompts
 run evaluated it. JAX-free: the evaluation command reads it before deciding to load a model.
 
     {"history_k", "max_prompt_tokens", "max_response_tokens",          the prompt (always present)
+     "max_rows_per_call",                                               the sampler's largest call
      "env": {"name", "options", "max_steps", "eval_splits", "gen_n", "gen_seed", "data_dir"},
      "eval": {"greedy", "temperature", "limit", "seed", "batch_size"}}
 
@@ -24,13 +25,16 @@ from roleagent_jax.config import CONFIG
 from roleagent_jax.config.schema import lookup
 
 SETTINGS_FILE = "roleagent.json"
-# The prompt settings, each the config key it is exported from, and its declared default.
-PROMPT_KEYS = {
+# What the policy needs to prompt and sample as the run did, each the config key it is exported from,
+# and its declared default. The sampler's row cap travels too: a run that needed it to fit in memory
+# (192 greedy questions in one call held 14 GB) needs it again when its model is evaluated alone.
+POLICY_KEYS = {
     "history_k": "env.history_k",
     "max_prompt_tokens": "rollout.max_prompt_tokens",
     "max_response_tokens": "rollout.max_response_tokens",
+    "max_rows_per_call": "rollout.max_rows_per_call",
 }
-PROMPT_DEFAULTS = {name: CONFIG.default(key) for name, key in PROMPT_KEYS.items()}
+POLICY_DEFAULTS = {name: CONFIG.default(key) for name, key in POLICY_KEYS.items()}
 # Each purpose of a run's generated games draws its own seed offset, so evaluation's games are held out.
 GEN_SEED_OFFSETS = {"train": 0, "eval": 1000, "warmstart": 2000}
 EVAL_KEY_OFFSET = 17  # the run's evaluation samples with PRNGKey(seed + this)
@@ -40,7 +44,7 @@ def run_settings(config: Any, options: Mapping[str, Any]) -> dict:
     """The settings of a run's config (`options`: its family's resolved `env.<family>`) as exported."""
     c = config
     return {
-        **{name: lookup(c, key) for name, key in PROMPT_KEYS.items()},
+        **{name: lookup(c, key) for name, key in POLICY_KEYS.items()},
         "env": {
             "name": c.env.name,
             "options": jsonable(dict(options)),
@@ -73,7 +77,7 @@ def jsonable(value: Any) -> Any:
 
 def write_settings(directory: str | os.PathLike, settings: Mapping[str, Any]) -> None:
     """`roleagent.json` in `directory`, written as the folder's other files are (umask respected)."""
-    (Path(directory) / SETTINGS_FILE).write_text(json.dumps({**PROMPT_DEFAULTS, **settings}, indent=1) + "\n")
+    (Path(directory) / SETTINGS_FILE).write_text(json.dumps({**POLICY_DEFAULTS, **settings}, indent=1) + "\n")
 
 
 def read_settings(directory: str | os.PathLike) -> dict:

@@ -105,7 +105,9 @@ def test_the_settings_file_carries_what_the_run_trained_with():
     from roleagent_jax.trained_settings import run_settings
 
     c = load_config("search_qa_demo")
+    c.rollout.max_rows_per_call = 24
     settings = run_settings(c, family_options(c, get_family("search_qa")))
+    assert settings["max_rows_per_call"] == 24  # the policy that replays it samples in calls this size
     env = settings["env"]
     assert env["options"]["mix"] == {"single_hop": 0.4, "bridge": 0.4, "comparison": 0.2}
     assert env["options"]["prompt"] == "compact" and env["options"]["held_out"] == "questions"
