@@ -17,8 +17,10 @@ try (PyTorch, same rows) was measured with.
 Measured (docs/experiments.md, 2-core CPU): the warm start takes about 13 minutes and reaches 59.4% EM
 greedy on the 192 held-out questions (bridge 46.8%); each RL iteration about 170 s on an idle machine
 (generation ~70 s, update ~95 s). RL does not yet improve held-out EM: after 10 iterations 58.9%
-(paired -0.5 +- 2.2 points, seed 0; gigpo 56.8%, -2.6 +- 2.9): roleagent's answers still stop after
-the first search (2.00 turns), gigpo's search more on every question type without winning more.
+(paired -0.5 +- 2.2 points, seed 0; gigpo 56.8%, -2.6 +- 2.9; at lr 2e-3 58.3%, -1.0 +- 2.3): the
+warm start searches once and answers, and loses every bridge question whose first search lacks the
+answer; RL sharpens that strategy (single-hop up, bridge and comparison down) instead of adding the
+second search.
 """
 
 from configs import search_qa_demo, smol
