@@ -27,6 +27,8 @@ import numpy as np
 from roleagent_jax.types import Row
 
 Mode = Literal["mean_std_norm", "mean_norm"]
+PenaltyLevels = Literal["both", "step", "episode"]
+PENALTY_LEVELS = ("both", "step", "episode")  # the advantage.penalty_levels key
 EPS = 1e-6
 _MIN_BUCKET = 64
 _U64 = (1 << 64) - 1
@@ -112,7 +114,21 @@ def _normalise(x, seg, weight, num_segments, *, mode, singleton_zero, std_floor)
     return jnp.where(single, 0.0, out) if singleton_zero else out
 
 
-@functools.partial(jax.jit, static_argnames=("num_segments", "mode", "step_level"))
+def _withhold(adv, seg, weight, ok, num_segments):
+    """Invalid rows keep no positive credit, and what they lose goes back to their segment's valid rows
+    in equal shares, so every segment's sum stays zero. A cap alone would leave each won episode's
+    invalid rows at 0 while the lost episodes keep their negatives: most of an update pushed down.
+    A segment without a valid row keeps its advantages (nobody could take the credit)."""
+    capped = jnp.where(ok > 0, adv, jnp.minimum(adv, 0.0))
+    removed = jax.ops.segment_sum(weight * (adv - capped), seg, num_segments)
+    n_ok = jax.ops.segment_sum(weight * ok, seg, num_segments)
+    share = jnp.where(ok > 0, removed[seg] / jnp.maximum(n_ok[seg], 1.0), 0.0)
+    return jnp.where(n_ok[seg] > 0, capped + share, adv)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("num_segments", "mode", "step_level", "penalty_levels", "credit_invalid")
+)
 def _gigpo_core(
     rewards,
     multiplier,
@@ -130,21 +146,29 @@ def _gigpo_core(
     num_segments: int,
     mode: str,
     step_level: bool,
+    penalty_levels: str,
+    credit_invalid: bool,
 ):
     returns = _reverse_segmented_returns(rewards, traj, step, gamma)
     penalty = invalid_penalty * invalid
-    step_return = returns * multiplier - penalty
+    step_return = returns * multiplier - (penalty if penalty_levels in ("both", "step") else 0.0)
 
     traj_count = jax.ops.segment_sum(weight, traj, num_segments)
     traj_total = jax.ops.segment_sum(rewards * weight, traj, num_segments)
     traj_mult = jax.ops.segment_sum(multiplier * weight, traj, num_segments) / jnp.maximum(traj_count, 1.0)
-    score = (traj_total * traj_mult)[traj] - penalty
+    score = (traj_total * traj_mult)[traj] - (penalty if penalty_levels in ("both", "episode") else 0.0)
 
+    ok = 1.0 - invalid
     adv = _normalise(score, group, weight, num_segments, mode=mode, singleton_zero=False, std_floor=std_floor)
+    if not credit_invalid:
+        adv = _withhold(adv, group, weight, ok, num_segments)
     if step_level:
-        adv = adv + omega * _normalise(
+        step_adv = _normalise(
             step_return, cluster, weight, num_segments, mode=mode, singleton_zero=True, std_floor=std_floor
         )
+        if not credit_invalid:
+            step_adv = _withhold(step_adv, cluster, weight, ok, num_segments)
+        adv = adv + omega * step_adv
     return adv
 
 
@@ -231,6 +255,7 @@ def gigpo_advantages(
     omega: float = 1.0,
     mode: Mode = "mean_std_norm",
     invalid_penalty: float = 0.1,
+    penalty_levels: PenaltyLevels = "both",
     step_level: bool = True,
     return_multiplier: Sequence[float] | np.ndarray | None = None,
     std_floor: float = 0.0,
@@ -249,13 +274,17 @@ def gigpo_advantages(
 
     Semantics (reference section 3):
       * ``G_t = r_t + gamma * G_{t+1}`` per trajectory.
-      * Penalty ``p = invalid_penalty`` on an invalid row, applied to that row only, never discounted back.
+      * Penalty ``p = invalid_penalty`` on an invalid row, applied to that row only, never discounted back,
+        at the levels ``penalty_levels`` names: ``both`` (the reference), ``step`` or ``episode``.
       * Episode score ``s = R_traj * mbar_traj - p`` with ``R_traj`` the undiscounted total reward of the
         trajectory. ``A^E`` normalises ``s`` within the task group, pooled over all the group's step rows
         (longer trajectories weigh more): ``mean_norm`` -> ``s - mean``; ``mean_std_norm`` ->
         ``(s - mean) / (std + 1e-6)`` with the unbiased std. A group of one row uses mean 0, std 1.
       * Step return ``g_t = G_t * m_t - p``; ``A^S`` normalises ``g_t`` the same way within each cluster of
         rows sharing (task group, exact anchor hash), across trajectories and time. Singleton cluster -> 0.
+
+    Zero sum: every task group of two or more rows sums to zero at each level (and so does every step
+    cluster), in every setting but ``negative_scale < 1``. An all-fail group with no penalty is all zero.
 
     ``return_multiplier`` ``m_t`` (WIA's hook, default 1) scales the *task* return ``G_t`` before the
     penalty, so it reaches every step of a successful episode and leaves failed episodes (``G = 0``)
@@ -268,12 +297,12 @@ def gigpo_advantages(
     all-fail group into advantages near +-3 (reference pitfall).
 
     Two small-policy stabilisers, off by default (the published semantics):
-      * ``credit_invalid=False`` caps invalid rows' advantages at 0. An invalid action changes nothing
-        ("Nothing happens."), yet it shares a won episode's credit like any other row, and the penalty is
-        too small to matter against a return of 10. A strong policy rarely acts invalidly; a small one
-        does in most of its wins too, and RL then reinforces inadmissible text.
-      * ``negative_scale`` in [0, 1] multiplies the negative advantages: a small policy's lost episodes
-        are mostly correct actions, and pushing all of them down moves probability to frequent text.
+      * ``credit_invalid=False``: an invalid row keeps no positive advantage at either level; the credit
+        it loses is shared out among the valid rows of its group (its step cluster at the step level), so
+        the sums stay zero. An invalid action changes nothing, yet under the published rule it shares a
+        won episode's credit like any other row.
+      * ``negative_scale`` in [0, 1] multiplies the negative advantages (the one setting that gives up the
+        zero sum): a small policy's lost episodes are mostly correct actions.
 
     Returns float32 [N], aligned with the input rows.
     """
@@ -281,6 +310,8 @@ def gigpo_advantages(
         raise ValueError(f"mode must be 'mean_std_norm' or 'mean_norm', got {mode!r}")
     _check_unit_interval("gamma", gamma)
     _check_unit_interval("negative_scale", negative_scale)
+    if penalty_levels not in PENALTY_LEVELS:
+        raise ValueError(f"penalty_levels must be one of {PENALTY_LEVELS}, got {penalty_levels!r}")
     if invalid_penalty < 0 or std_floor < 0:
         raise ValueError("invalid_penalty and std_floor must be >= 0")
     r = _vector("rewards", rewards, None).astype(np.float64)
@@ -330,37 +361,51 @@ def gigpo_advantages(
             num_segments=size,
             mode=mode,
             step_level=bool(step_level),
+            penalty_levels=penalty_levels,
+            credit_invalid=bool(credit_invalid),
         )
     adv = np.asarray(out, dtype=np.float32)[:n]
-    if not credit_invalid:
-        adv = np.where(ok, adv, np.minimum(adv, 0.0))
     return np.where(adv < 0, np.float32(negative_scale) * adv, adv).astype(np.float32)
 
 
-def anchor_keys(rows: Sequence[Row], similarity: float = 1.0) -> np.ndarray:
-    """GiGPO's step-group keys of rollout rows: their exact anchor hashes, or with `similarity` < 1
-    near-identical anchors of one task group merged (``similar_anchor_hashes``). uint64 [N]."""
-    if similarity >= 1.0:
+ANCHORS = ("state", "observation")  # the advantage.anchor key
+
+
+def anchor_keys(rows: Sequence[Row], similarity: float, anchor: str) -> np.ndarray:
+    """GiGPO's step-group keys of rollout rows, uint64 [N].
+
+    ``anchor="state"`` keys a row by its family's state identity (``Row.state``), falling back to the
+    observation where the family reports none; ``"observation"`` by the observation text, the reference's
+    choice, which merges "Nothing happens." from every state and the same room text with any inventory.
+    With ``similarity`` < 1 near-identical keys of one task group merge (``similar_anchor_hashes``).
+    """
+    if anchor not in ANCHORS:
+        raise ValueError(f"anchor must be one of {ANCHORS}, got {anchor!r}")
+    if anchor == "observation" and similarity >= 1.0:
         return np.array([r.anchor_hash for r in rows], np.uint64)
-    return similar_anchor_hashes([r.anchor for r in rows], [r.group_id for r in rows], similarity)
+    texts = [(r.state or r.anchor) if anchor == "state" else r.anchor for r in rows]
+    if similarity >= 1.0:
+        return np.array([hash_anchor(t) for t in texts], np.uint64)
+    return similar_anchor_hashes(texts, [r.group_id for r in rows], similarity)
 
 
 def row_advantages(
     rows: Sequence[Row],
     *,
-    anchor_similarity: float = 1.0,
+    anchor: str,
+    anchor_similarity: float,
     return_multiplier: np.ndarray | None = None,
     **settings,
 ) -> np.ndarray:
     """``gigpo_advantages`` of rollout rows (``types.Row``), step groups keyed by ``anchor_keys``;
-    ``settings`` are the keyword settings of ``gigpo_advantages`` (the config's advantage section)."""
+    ``anchor``, ``anchor_similarity`` and ``settings`` are the config's advantage section."""
     return np.asarray(
         gigpo_advantages(
             np.array([r.reward for r in rows], np.float32),
             np.array([r.traj_id for r in rows]),
             np.array([r.group_id for r in rows]),
             np.array([r.step_index for r in rows]),
-            anchor_keys(rows, anchor_similarity),
+            anchor_keys(rows, anchor_similarity, anchor),
             np.array([r.valid for r in rows]),
             return_multiplier=return_multiplier,
             **settings,

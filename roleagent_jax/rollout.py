@@ -122,6 +122,7 @@ class SamplerAgent:
                 valid=step.valid,
                 done=step.done,
                 anchor=turn.observation.anchor,
+                state=turn.observation.state,
             )
         )
         if self.predictor is not None:

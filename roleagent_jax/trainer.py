@@ -176,7 +176,7 @@ class Trainer:
         t1 = time.perf_counter()
         if c.wia.mode != "off" and rows:
             multiplier, wia_metrics = wia_multipliers(
-                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity
+                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity, c.wia.fill
             )
             metrics.update(wia_metrics)
         times["wia"], t1 = time.perf_counter() - t1, time.perf_counter()

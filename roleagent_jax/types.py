@@ -76,6 +76,7 @@ class Row:
     valid: bool
     done: bool
     anchor: str = ""  # the anchor itself, for similarity clustering of step groups
+    state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
 
 
 @dataclass

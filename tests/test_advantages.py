@@ -49,6 +49,22 @@ def ref_normalise(values, keys, mode, singleton, std_floor=0.0):
     return out
 
 
+def ref_withhold(adv, keys, valid):
+    """Invalid rows lose their positive advantage; each key's valid rows share what was taken equally."""
+    members = defaultdict(list)
+    for i, k in enumerate(keys):
+        members[k].append(i)
+    out = list(adv)
+    for rows in members.values():
+        ok = [i for i in rows if valid[i]]
+        if not ok:
+            continue
+        taken = sum(max(adv[i], 0.0) for i in rows if not valid[i])
+        for i in rows:
+            out[i] = adv[i] + taken / len(ok) if valid[i] else min(adv[i], 0.0)
+    return out
+
+
 def ref_advantages(
     rewards,
     traj,
@@ -64,6 +80,8 @@ def ref_advantages(
     step_level,
     multiplier=None,
     std_floor=0.0,
+    penalty_levels="both",
+    credit_invalid=True,
 ):
     n = len(rewards)
     mult = [1.0] * n if multiplier is None else [float(m) for m in multiplier]
@@ -74,13 +92,19 @@ def ref_advantages(
         mult_sum[traj[i]] += mult[i]
         length[traj[i]] += 1
     penalty = [0.0 if valid[i] else invalid_penalty for i in range(n)]
-    score = [total[traj[i]] * mult_sum[traj[i]] / length[traj[i]] - penalty[i] for i in range(n)]
-    step_return = [returns[i] * mult[i] - penalty[i] for i in range(n)]
+    ep_pen = penalty if penalty_levels in ("both", "episode") else [0.0] * n
+    st_pen = penalty if penalty_levels in ("both", "step") else [0.0] * n
+    score = [total[traj[i]] * mult_sum[traj[i]] / length[traj[i]] - ep_pen[i] for i in range(n)]
+    step_return = [returns[i] * mult[i] - st_pen[i] for i in range(n)]
     episode = ref_normalise(score, group, mode, "unit", std_floor)
+    if not credit_invalid:
+        episode = ref_withhold(episode, group, valid)
     if not step_level:
         return episode
     clusters = [(group[i], anchor[i]) for i in range(n)]
     steps = ref_normalise(step_return, clusters, mode, "zero", std_floor)
+    if not credit_invalid:
+        steps = ref_withhold(steps, clusters, valid)
     return [episode[i] + omega * steps[i] for i in range(n)]
 
 
@@ -154,6 +178,8 @@ def test_matches_plain_python_reference_on_random_batches():
             invalid_penalty=0.1 if trial % 5 else float(rng.uniform(0.0, 1.0)),
             step_level=trial % 7 != 0,
             std_floor=0.0 if trial % 11 else 1.0,
+            penalty_levels=("both", "step", "episode")[trial % 3 if trial % 13 else 0],
+            credit_invalid=trial % 6 != 5,
         )
         mult = b["mult"] if trial % 2 == (trial // 2) % 2 else None
         expected = ref_advantages(
@@ -359,7 +385,7 @@ def test_similar_anchor_hashes():
         similar_anchor_hashes(texts, groups, threshold=0.0)
 
 
-def test_stabilisers_cap_invalid_rows_and_damp_negative_advantages():
+def test_stabilisers_withhold_invalid_credit_and_damp_negative_advantages():
     # A won episode with an invalid detour: GiGPO credits the detour like the winning actions.
     rewards = np.array([0.0, 0.0, 0.0, 10.0, 0.0, 0.0], np.float32)
     args = (
@@ -369,9 +395,12 @@ def test_stabilisers_cap_invalid_rows_and_damp_negative_advantages():
     valid = args[-1]
     adv = gigpo_advantages(*args, mode="mean_norm")
     assert adv[1] > 0  # the published credit: the invalid row of the won episode is reinforced
-    capped = gigpo_advantages(*args, mode="mean_norm", credit_invalid=False)
-    np.testing.assert_array_equal(capped[valid], adv[valid])
-    assert capped[1] == 0.0 and capped[4] == adv[4] < 0  # a lost episode's invalid row stays negative
+    withheld = gigpo_advantages(*args, mode="mean_norm", credit_invalid=False, step_level=False)
+    episode = gigpo_advantages(*args, mode="mean_norm", step_level=False)
+    assert withheld[1] == 0.0 and withheld[4] == episode[4] < 0  # a lost episode's invalid row stays negative
+    # what row 1 lost goes to the four valid rows in equal shares: the group still sums to zero
+    np.testing.assert_allclose(withheld[valid], episode[valid] + episode[1] / 4, rtol=1e-6)
+    assert abs(withheld.sum()) < 1e-5 and abs(gigpo_advantages(*args, credit_invalid=False).sum()) < 1e-5
     damped = gigpo_advantages(*args, mode="mean_norm", negative_scale=0.1)
     np.testing.assert_allclose(damped, np.where(adv < 0, 0.1 * adv, adv), rtol=1e-6)
     assert (adv < 0).any() and damped.dtype == np.float32
@@ -380,3 +409,53 @@ def test_stabilisers_cap_invalid_rows_and_damp_negative_advantages():
     )
     with pytest.raises(ValueError, match="negative_scale"):
         gigpo_advantages(*args, negative_scale=1.5)
+
+
+SETTINGS = [
+    dict(mode=mode, step_level=step_level, invalid_penalty=p, penalty_levels=levels, credit_invalid=credit)
+    for mode in ("mean_norm", "mean_std_norm")
+    for step_level in (True, False)
+    for p in (0.0, 0.1, 2.0)
+    for levels in ("both", "step", "episode")
+    for credit in (True, False)
+]
+
+
+def test_every_group_sums_to_zero_in_every_setting():
+    """Each task group of two or more rows sums to zero, for every combination of the settings and with
+    or without WIA's multiplier (negative_scale=1): nothing after the normalisation tilts an update."""
+    rng = np.random.default_rng(99)
+    batches = [random_batch(rng) for _ in range(4)]
+    checked = 0
+    for b in batches:
+        groups = np.asarray(b["group"])
+        labels, counts = np.unique(groups, return_counts=True)
+        for kw in SETTINGS:
+            for mult in (None, np.asarray(b["mult"])):
+                adv = gigpo_advantages(
+                    np.asarray(b["reward"]), np.asarray(b["traj"]), groups, np.asarray(b["step"]),
+                    anchor_array(b["anchor"], "int64"), np.asarray(b["valid"]), return_multiplier=mult, **kw,
+                )  # fmt: skip
+                scale = 1.0 + np.abs(adv).max()
+                for g in labels[counts >= 2]:
+                    assert abs(adv[groups == g].sum()) < 1e-5 * scale * counts.max(), (kw, g, mult is None)
+                    checked += 1
+    assert checked > 500
+
+
+def test_all_fail_group_without_penalty_is_exactly_zero():
+    rng = np.random.default_rng(3)
+    n = 24
+    traj = np.repeat(np.arange(4), 6)
+    args = (
+        np.zeros(n),
+        traj,
+        np.zeros(n, int),
+        np.tile(np.arange(6), 4),
+        rng.integers(0, 4, n),
+        rng.random(n) > 0.5,
+    )
+    for kw in (s for s in SETTINGS if s["invalid_penalty"] == 0.0):
+        for mult in (None, 1.0 + rng.random(n)):
+            adv = gigpo_advantages(*args, return_multiplier=mult, **kw)
+            np.testing.assert_array_equal(adv, np.zeros(n, np.float32), err_msg=str(kw))

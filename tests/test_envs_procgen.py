@@ -333,3 +333,24 @@ def test_entities_are_the_games_own_including_unseen_ones(tmp_path):
         first = set(re.findall(r"[a-z]+ \d+", env.reset(task).text))
         assert first < truth
         assert not any(name.startswith(("loc ", "agent")) for name in truth)
+
+
+def test_state_identity_keeps_what_changes_nothing_and_tells_inventories_apart(seen12):
+    """The engine's state (GiGPO's step-group key under advantage.anchor=state): an invalid command and
+    `look` leave it as it was, "Nothing happens." from two states stays two states, and the same room
+    text before and after taking an object is two states."""
+    env = AlfWorldEnv(max_steps=30)
+    task = next(t for t in seen12.tasks if t.type == "pick_and_place_simple")
+    start = env.reset(task, expert=True)
+    plan = list(start.expert_plan)  # go to X, take obj from X, go to Y, put obj in/on Y
+    junk = env.step("jump over the moon")
+    assert junk.text == "Nothing happens." and junk.state == start.state
+    at_source = env.step(plan[0])
+    assert env.step("look").state == at_source.state != start.state
+    nothing_there = env.step("jump over the moon")
+    assert nothing_there.text == junk.text and nothing_there.state != junk.state
+    assert env.step(plan[1]).state != at_source.state
+    holding = env.step(plan[2])  # at the target, object in hand
+    env.reset(task)
+    empty_handed = env.step(plan[2])  # the same target straight from the start
+    assert holding.text == empty_handed.text and holding.state != empty_handed.state

@@ -140,7 +140,9 @@ def test_separate_mode_shares_one_call_per_step_and_perfect_predictions_score_on
     longest = max(len(t.steps) for t in result.trajectories)
     assert model.calls == longest + 1  # the last actions' predictions need one final call
     assert model.mixed_calls == longest - 1  # every other call carries both roles together
-    mult, metrics = wia_multipliers(result.trajectories, result.predictions, result.rows, lam=1.0)
+    mult, metrics = wia_multipliers(
+        result.trajectories, result.predictions, result.rows, 1.0, "rapidfuzz", "none"
+    )
     np.testing.assert_allclose(mult, 2.0)  # R_pre = 1 on every scored step
     assert metrics["wia/parse_rate"] == 1.0 and metrics["wia/lms_h1"] == 1.0
 
@@ -204,7 +206,9 @@ def test_evaluation_style_rollouts_declare_no_groups(setup):
 
 def test_wrong_predictions_score_low(setup):
     result, _ = run(setup, "separate", perfect=False)
-    mult, metrics = wia_multipliers(result.trajectories, result.predictions, result.rows, lam=1.0)
+    mult, metrics = wia_multipliers(
+        result.trajectories, result.predictions, result.rows, 1.0, "rapidfuzz", "none"
+    )
     assert metrics["wia/lms_h1"] < 0.3 and np.all(mult < 1.3)
 
 

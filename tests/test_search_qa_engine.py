@@ -164,3 +164,16 @@ def test_abstract_question():
         abstract_question("Where was the author of The Last Nybi born?") == "where was the author of X born?"
     )
     assert abstract_question("Who was born first, Alven Moradi or Sel Kavo?") == "who was born first, X or X?"
+
+
+def test_state_is_the_question_and_the_passages_so_far(env):
+    _, info = env.reset(TASK)
+    start = info["state"]
+    assert start == info["anchor"]
+    first, _, _, info = env.step("<search>Alven Moradi</search>")
+    after_one = info["state"]
+    assert after_one == start + "\n" + first
+    _, _, _, info = env.step("no tags at all")  # invalid: nothing retrieved, the state stays
+    assert info["state"] == after_one and info["anchor"] != after_one
+    again, _, _, info = env.step("<search>Alven Moradi</search>")  # the same passages a second time
+    assert again == first and info["anchor"] == first and info["state"] != after_one

@@ -308,8 +308,8 @@ def test_anchor_similarity_config_merges_near_identical_step_groups():
 
     texts = ["You arrive at drawer 1.", "You arrive at drawer 1!", "You arrive at drawer 1.", "x"]
     rows = [Row([], [], [], i, 0, 0, 0, hash_anchor(t), 0.0, True, False, t) for i, t in enumerate(texts)]
-    assert anchor_keys(rows, 1.0).tolist() == [hash_anchor(t) for t in texts]
-    merged = anchor_keys(rows, 0.9)
+    assert anchor_keys(rows, 1.0, "observation").tolist() == [hash_anchor(t) for t in texts]
+    merged = anchor_keys(rows, 0.9, "observation")
     assert merged[0] == merged[1] == merged[2] != merged[3]
 
 

@@ -93,9 +93,17 @@ def test_env_plays_a_stored_plan_and_reports_score(fam, gen_dir):
     obs = env.reset(task, expert=True)
     assert obs.text == obs.anchor == "WebShop [SEP] Search" and obs.admissible == ["search[<your query>]"]
     assert obs.expert_plan == [task.expert_plan[0]]
+    states, choices = [], 0
     for action in task.expert_plan:
+        before = obs
         obs = env.step(action)
+        states.append(obs.state)
+        if action.startswith("click[") and obs.info["page"] == "item" and before.info["page"] == "item":
+            # an option chosen: the page reads the same (WebShop's simple mode), the state does not
+            assert obs.text == before.text and obs.state != before.state
+            choices += 1
     assert obs.done and obs.won and obs.reward == 10.0 and obs.score == 1.0 and obs.expert_plan == []
+    assert len(set(states)) == len(states) and choices >= 1
     obs = env.reset(task)
     assert obs.expert_plan is None and obs.score == 0.0
     with pytest.raises(ValueError, match="goal reference"):

@@ -247,3 +247,18 @@ def test_prediction_mask_is_seeded_and_hits_the_fraction():
     assert abs(m1.mean() - 0.25) < 0.03
     assert wia.prediction_mask(0, 0, ids, 0, 1.0).all()
     assert not wia.prediction_mask(0, 0, ids, 0, 0.0).any()
+
+
+def test_unscored_steps_take_their_groups_mean_prediction_score():
+    """A step that drew no prediction is credited as its task group predicted: two equal winning actions
+    no longer differ by whether the draw gave one of them a prediction."""
+    from roleagent_jax.wia.shaping import fill_unscored
+
+    r_pre = np.array([0.8, 0.0, 0.4, 0.0, 0.0, 0.0])
+    scored = np.array([True, False, True, False, False, False])
+    groups = np.array([5, 5, 5, 9, 9, 5])
+    filled = fill_unscored(r_pre, scored, groups, "group_mean")
+    np.testing.assert_allclose(filled, [0.8, 0.6, 0.4, 0.0, 0.0, 0.6], rtol=1e-6)  # group 9 predicted nothing
+    np.testing.assert_array_equal(fill_unscored(r_pre, scored, groups, "none"), r_pre.astype(np.float32))
+    with pytest.raises(ValueError, match="fill"):
+        fill_unscored(r_pre, scored, groups, "mean")

@@ -104,10 +104,15 @@ ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
     Key("gamma", 0.95, "discount of step returns", ge=0.0, le=1.0),
     Key("omega", 1.0, "weight of the step-group advantage", ge=0.0),
     Key("mode", "mean_std_norm", "group normalisation", choices=("mean_norm", "mean_std_norm")),
-    Key("invalid_penalty", 0.1, "subtracted from an invalid action's score", ge=0.0),
-    Key("credit_invalid", True, "False: invalid actions never share a won episode's credit"),
+    Key("invalid_penalty", 0.1, "subtracted from an invalid action's score (the task's win is 10)", ge=0.0),
+    Key("penalty_levels", "both", "where the penalty counts: both (the reference), step, episode",
+        choices=("both", "step", "episode")),
+    Key("credit_invalid", True, "False: invalid rows keep no positive credit; their valid group-mates "
+        "share it (the sums stay zero)"),
     Key("negative_scale", 1.0, "< 1 damps negative advantages (1 = as published)", ge=0.0, le=1.0),
     Key("std_floor", 0.0, "> 0 floors the group std of mean_std_norm (all-fail groups)", ge=0.0),
+    Key("anchor", "state", "step groups keyed by the family's state identity, or by the observation text "
+        "(the reference's; merges 'Nothing happens.' from every state)", choices=("state", "observation")),
     Key("anchor_similarity", 1.0, "< 1 merges near-identical anchors into one step group", gt=0.0, le=1.0),
     Key("step_level", True, "set by algo: GiGPO's step groups, off for grpo"),
 ])  # fmt: skip
@@ -144,6 +149,8 @@ WIA = Section("wia", "world-model imagination: the policy predicts what its acti
     Key("horizon", 2, "steps predicted ahead", ge=1),
     Key("lam", 1.0, "shaping strength", ge=0.0),
     Key("fraction", 1.0, "share of steps that get a prediction", ge=0.0, le=1.0),
+    Key("fill", "group_mean", "R_pre of a step that drew no prediction: its task group's mean, or none (0)",
+        choices=("group_mean", "none")),
     Key("max_tokens", 128, "prediction length", ge=1),
     Key("similarity", "rapidfuzz", "string similarity of prediction and outcome (wia.scoring)",
         choices=("rapidfuzz", "difflib")),

@@ -70,8 +70,11 @@ class Observation:
     """What the env returns from `reset` and `step`. Picklable (it crosses the worker pipe).
 
     text         what the agent reads (the raw engine text; the prompt builder may clean it).
-    anchor       the state identity for GiGPO's step groups: two observations with equal anchors in one
-                 task group are the same state (ALFWorld: the raw observation text).
+    anchor       the observation GiGPO's reference keys its step groups by: two observations with equal
+                 anchors in one task group count as one state (ALFWorld: the raw observation text).
+    state        the identity of the environment state where the family knows it ("" otherwise), the
+                 step groups' key under `advantage.anchor=state`: unlike the text, it tells the same room
+                 with another inventory apart, and an action that changes nothing keeps it.
     admissible   the actions the env accepts now, or None for free-form families (any text is an action;
                  the parser then validates format only).
     reward       the step's task reward (0.0 after reset).
@@ -97,6 +100,7 @@ class Observation:
     expert_plan: list[str] | None = None
     failed: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    state: str = ""
 
 
 @runtime_checkable

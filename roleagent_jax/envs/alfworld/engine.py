@@ -329,6 +329,17 @@ class AlfWorldEnv:
         names = (info.name for info in demangler._entity_infos.values() if info.name)
         return {n for n in names if re.fullmatch(r"[a-z]+ \d+", n) and not n.startswith(("loc ", "agent"))}
 
+    def state_identity(self) -> str:
+        """The PDDL state's facts, sorted: where the agent is, what it holds, what is open, hot, clean or
+        where, so an action that changes nothing keeps it and the same room text with another inventory
+        differs. Left out: the negated facts the planner library reports, and `checked` (set by `look`
+        and `examine`, which move nothing)."""
+        engine = self._env
+        while not isinstance(engine, PddlEnv):
+            engine = engine._wrapped_env
+        facts = (str(f) for f in engine._pddl_state.facts if not f.is_negation)
+        return "\n".join(sorted(f for f in facts if not f.startswith(("not_", "checked("))))
+
     def _observe(self, state, reward: float, done: bool) -> Observation:
         obs = state.feedback
         plan = None
@@ -337,6 +348,7 @@ class AlfWorldEnv:
         return Observation(
             text=obs,
             anchor=obs,
+            state=self.state_identity(),
             admissible=list(state["admissible_commands"]),
             reward=reward,
             done=done,

@@ -101,17 +101,24 @@ class AlfWorld(Family):
         )
 
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
-        if self.options["valid"] == "available":
-            return prompts.parse_action(response, None if admissible is None else list(admissible))
-        action, formed = reference_action(response)
+        """The prompt sets the answer's form (the reference template's `<think>` block, or the compact
+        prompt's action alone), the validity rule what passes: a well-formed answer (`format`, the
+        reference's: the env answers an unavailable command itself) or a listed command (`available`)."""
+        if self.options["prompt"] == "reference":
+            action, formed = reference_action(response)
+        else:
+            action, formed = prompts.parse_action(response, None)
         if action is None:
             return None, False
-        return (matching_command(action, admissible or []) or action), formed
+        command = matching_command(action, admissible or [])
+        if self.options["valid"] == "available":
+            return (command, formed) if command is not None else (action, False)
+        return command or action, formed
 
     def format_action(self, action: str) -> str:
-        """Under the reference's format rule an answer needs its (here empty) reasoning block too."""
+        """The reference template's answers carry their (here empty) reasoning block too."""
         answer = super().format_action(action)
-        return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
+        return f"<think></think>{answer}" if self.options["prompt"] == "reference" else answer
 
     def analyse_failure(self, traj, max_steps: int):
         return heuristic.analyse(traj, max_steps)

@@ -10,7 +10,9 @@ never in the environment reward). After `max_turns` turns without an answer the 
 The anchor of GiGPO's step groups is the observation text: the question at the start, then the
 retrieved text, so two rollouts whose queries brought back the same passages share a step group. The
 format reminder is one text for every invalid turn, so those states share an anchor wherever they
-occur (the aliasing GiGPO accepts for ALFWorld's "Nothing happens.").
+occur (the aliasing GiGPO accepts for ALFWorld's "Nothing happens."). The state (`info["state"]`) is the
+question and every passage retrieved so far: an invalid turn keeps it, and a second search that brings
+back the first one's passages is a new state.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class SearchQAEnv:
             "goal": self.task.question,
             "golds": list(self.task.golds),
             "anchor": obs,
+            "state": "\n".join([question_observation(self.task.question), *self._observations]),
             "env_failed": False,
             "step": self.turns,
             "valid": turn is None or turn.valid,

@@ -112,6 +112,7 @@ class SearchQAFamilyEnv:
         return Observation(
             text=text,
             anchor=info["anchor"],
+            state=info["state"],
             admissible=None,
             reward=reward,
             done=done,

@@ -5,7 +5,9 @@ Pages: search, results (10 per page as in WebShop, or `page_size`; ``< Prev`` / 
 sub-pages, and the done page.
 A page is its visible strings joined by `` [SEP] ``, as WebShop's "simple" text mode renders it,
 less the instruction header (the prompt states the task once; verl-agent strips it the same way), and
-that text is the GiGPO anchor. Like WebShop's simple mode it does not mark chosen options.
+that text is the GiGPO anchor. Like WebShop's simple mode it does not mark chosen options; the state
+(`info["state"]`) is the page with the options chosen so far, so an item page before and after a choice
+are two states.
 
 Actions are ``search[keywords]`` and ``click[element]``, case-insensitive as in WebShop. A search
 works from any page (WebShop's server accepts one anywhere) but is only *listed* on the search page;
@@ -271,6 +273,7 @@ class ShopSession:
             "task_type": self.goal.get("category", ""),
             "goal": self.goal.get("instruction_text", ""),
             "anchor": obs,
+            "state": obs + SEP + "chosen: " + ", ".join(f"{k}={v}" for k, v in sorted(s.options.items())),
             "env_failed": False,
             "step": self.steps,
         }

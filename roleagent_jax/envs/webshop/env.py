@@ -71,6 +71,7 @@ class WebShopEnv:
         return Observation(
             text=text,
             anchor=info["anchor"],
+            state=info["state"],
             admissible=info["admissible_commands"],
             reward=reward,
             done=s.done,
