@@ -5,6 +5,10 @@ What a demo's agent reads and how its answers are judged is rendered over a fixe
 constructed turns; WebShop and search QA: the expert playing ten held-out goals of the demo's own
 generated shop or knowledge base) and hashed per kind; the hashes were recorded from the code before
 the change, so a demo figure measured then still describes the demo now.
+
+One deliberate change since: the ALFWorld demo's validity rule went from `available` (a listed command)
+to `format` (a well-formed answer, the reference's rule). Its answers are hashed under the rule the
+earlier figures were measured with, and a second test pins what the new rule changes.
 """
 
 import hashlib
@@ -54,17 +58,21 @@ def _family(config):
     return family.configured(family_options(config, family))
 
 
+ADMISSIBLE = [
+    "go to cabinet 1",
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+    "look",
+    "inventory",
+    "help",
+]
+
+
 def _alfworld(rec):
     c = _config("demo")
+    c.env.alfworld.valid = "available"  # the rule of the demo's figures up to 2026-12-04
     f = _family(c)
-    adm = [
-        "go to cabinet 1",
-        "go to countertop 1",
-        "take apple 1 from countertop 1",
-        "look",
-        "inventory",
-        "help",
-    ]
+    adm = ADMISSIBLE
     intro = (
         "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
         "you see a cabinet 1.\n\nYour task is to: put a hot apple in cabinet."
@@ -132,3 +140,23 @@ def render(tmp_path) -> dict:
 
 def test_demos_render_and_judge_exactly_as_before(tmp_path):
     assert digests(render(tmp_path)) == BEFORE
+
+
+def test_the_demo_now_judges_an_unlisted_but_well_formed_command_valid():
+    """The format rule differs from the available rule exactly where an answer is well formed but not a
+    listed command (or no list is known): the action is the same, only its validity flips to True."""
+    c = _config("demo")
+    assert c.env.alfworld.valid == "format"
+    now = _family(c)
+    c.env.alfworld.valid = "available"
+    before = _family(c)
+    for adm in (ADMISSIBLE, None):
+        for response in RESPONSES:
+            (a_now, ok_now), (a_before, ok_before) = (
+                now.parse_action(response, adm),
+                before.parse_action(response, adm),
+            )
+            assert a_now == a_before, response
+            listed = adm is not None and a_now in adm
+            assert ok_now == (a_now is not None), response
+            assert ok_before == (a_now is not None and (listed or adm is None)), response

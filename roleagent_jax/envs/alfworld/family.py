@@ -103,7 +103,8 @@ class AlfWorld(Family):
     def parse_action(self, response: str, admissible: Sequence[str] | None) -> tuple[str | None, bool]:
         """The prompt sets the answer's form (the reference template's `<think>` block, or the compact
         prompt's action alone), the validity rule what passes: a well-formed answer (`format`, the
-        reference's: the env answers an unavailable command itself) or a listed command (`available`)."""
+        reference's: the env answers an unavailable command itself) or a listed command (`available`).
+        Without a list (`admissible=None`) availability cannot be judged, so the form alone decides."""
         if self.options["prompt"] == "reference":
             action, formed = reference_action(response)
         else:
@@ -111,7 +112,7 @@ class AlfWorld(Family):
         if action is None:
             return None, False
         command = matching_command(action, admissible or [])
-        if self.options["valid"] == "available":
+        if self.options["valid"] == "available" and admissible is not None:
             return (command, formed) if command is not None else (action, False)
         return command or action, formed
 
