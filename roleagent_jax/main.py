@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
         _config_error(err, sys.argv)
     trainer = None
     try:
-        trainer = Trainer(config)
+        trainer = Trainer(config, config_flags.get_config_filename(flags.FLAGS["config"]))
         summary = trainer.run()
     except user_errors as err:
         if _DEBUG.value:

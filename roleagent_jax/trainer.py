@@ -41,6 +41,7 @@ from roleagent_jax.optimizer import TrainState
 from roleagent_jax.policy_weights import PolicyWeights
 from roleagent_jax.ppo import ppo_batch, ppo_epochs
 from roleagent_jax.rollout import RolloutResult, collect_all
+from roleagent_jax.run_record import check_resume, run_record, write_record
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
 from roleagent_jax.sharding import make_mesh
 from roleagent_jax.tokenizer import PromptEncoder, eos_ids
@@ -67,9 +68,10 @@ class Trainer:
 
     experts_type = setup.Experts  # who plays the warm start's games (a subclass may bring its own)
 
-    def __init__(self, config: ConfigDict):
+    def __init__(self, config: ConfigDict, config_file: str = ""):
         distributed.initialize()
         self.config = c = apply_algo(validate(config))
+        self.config_file = config_file  # recorded in the workdir, named when another run resumes there
         self.workdir = Path(c.workdir).absolute()
         fresh = not self.workdir.exists()
         try:
@@ -82,6 +84,9 @@ class Trainer:
     def _build(self, c: ConfigDict) -> None:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
+        record = run_record(c, self.config_file)
+        if not c.checkpoint.overwrite:  # overwrite moves the earlier run aside, record and all
+            check_resume(self.workdir, record)
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -90,6 +95,8 @@ class Trainer:
                 f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})"
             ) from err
         self.is_main = jax.process_index() == 0
+        if self.is_main:
+            write_record(self.workdir, record)
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = RolloutSettings.from_config(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")

@@ -952,3 +952,74 @@ def test_written_weights_are_readable_as_the_folders_other_files(model_dir, tmp_
         for p in [*(tmp_path / "m").iterdir(), tmp_path / "adapter.safetensors"]
     }
     assert modes == {"config.json": 0o640, "model.safetensors": 0o640, "adapter.safetensors": 0o640}
+
+
+# ----------------------------------------------------------------------------------------------------
+# a workdir belongs to one run: a resume that would change what its checkpoints mean is refused
+
+
+def recorded_workdir(tmp_path: Path) -> Path:
+    """A workdir whose run (configs/demo.py) recorded itself, with a checkpoint and games beside it."""
+    from roleagent_jax.run_record import run_record, write_record
+
+    workdir = tmp_path / "run"
+    write_steps(workdir / "checkpoints", steps=(1,))
+    (workdir / "games").mkdir()
+    c = load_config("demo")
+    c.workdir = str(workdir)
+    write_record(workdir, run_record(c, str(ROOT / "configs" / "demo.py")))
+    return workdir
+
+
+def tree(folder: Path) -> dict[str, float]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime for p in sorted(folder.rglob("*"))}
+
+
+def test_resuming_a_workdir_with_another_config_is_refused_before_anything_is_written(tmp_path):
+    workdir = recorded_workdir(tmp_path)
+    before = tree(workdir)
+    out = run_main("--config=configs/search_qa_demo.py", f"--config.workdir={workdir}", timeout=120)
+    assert_one_line_error(
+        out, f"--config.workdir='{workdir}' holds another run", "configs/demo.py",
+        "env.name='search_qa' (its run: 'alfworld')", "--config.checkpoint.overwrite=True",
+    )  # fmt: skip
+    assert tree(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("model.path", "/models/other"), ("tokenizer.path", "/tok"), ("algo", "grpo"), ("lora.rank", 4),
+     ("env.alfworld.num_objects", (2, 3)), ("rollout.group_size", 4)],
+)  # fmt: skip
+def test_a_resume_that_changes_what_the_checkpoints_mean_names_the_key(tmp_path, key, value):
+    from roleagent_jax.run_record import check_resume, run_record
+
+    workdir = recorded_workdir(tmp_path)
+    c = load_config("demo")
+    *parents, name = key.split(".")
+    node = c
+    for part in parents:
+        node = node[part]
+    node[name] = value
+    with pytest.raises(ValueError) as err:
+        check_resume(workdir, run_record(c, "configs/demo.py"))
+    message = str(err.value)
+    assert "\n" not in message and f"--config.workdir='{workdir}'" in message and f"{key}=" in message
+
+
+def test_a_resume_may_change_how_long_and_how_the_run_evaluates_logs_and_runs(tmp_path):
+    from roleagent_jax.run_record import check_resume, run_record
+
+    workdir = recorded_workdir(tmp_path)
+    c = load_config("demo")
+    c.workdir = str(tmp_path / "elsewhere" / ".." / "run")
+    c.iterations, c.eval.limit, c.eval.before, c.env.eval_splits = 99, 3, False, ("gen_seen",)
+    c.log.tensorboard, c.checkpoint.every, c.mesh.fsdp, c.env.num_workers, c.aiw.eta = False, 1, 1, 2, 0.5
+    check_resume(workdir, run_record(c, "a/copy/of/demo.py"))
+
+
+def test_the_keys_a_resume_may_change_are_documented():
+    from roleagent_jax.run_record import RESUMABLE
+
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    assert [key for key in RESUMABLE if f"`{key}`" not in doc] == []
