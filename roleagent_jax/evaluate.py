@@ -28,11 +28,13 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from roleagent_jax.config.schema import option_errors
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
 from roleagent_jax.envs.pool import EnvPool
 from roleagent_jax.episodes import Move, Turn, failed_games, play, success_summary
@@ -391,6 +393,31 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--episodes={args.episodes}: folder {str(folder)!r} does not exist")
         if Path(args.episodes).is_dir():
             raise ValueError(f"--episodes={args.episodes}: is a folder, not a file")
+        try:  # an unnamed file: nothing is left behind, and root's writes are tried, not assumed
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            raise ValueError(
+                f"--episodes={args.episodes}: cannot write in {str(folder)!r} ({err.strerror or err})"
+            ) from err
+
+
+def check_split(family: Family, split: str) -> None:
+    """ValueError naming `split` and the family's known ones, before a model or data is loaded."""
+    known = family.known_splits()
+    if known is None:
+        family.check_split(split)
+    elif split not in known:
+        raise ValueError(f"--split={split}: unknown {family.name} split; it knows {', '.join(known)}")
+
+
+def check_options(family: Family, options: dict) -> None:
+    """The family's options as the trainer checks its `env.<family>` keys (types, then its own rules)."""
+    errors = option_errors(
+        family, options, lambda name: f"--{name.replace('_', '-')}", f"{family.name} options"
+    )
+    if errors:
+        raise ValueError(errors[0])
 
 
 def trained_defaults(trained: dict, family: Family) -> tuple[dict, dict]:
@@ -405,7 +432,7 @@ def trained_defaults(trained: dict, family: Family) -> tuple[dict, dict]:
     flags |= {k: env[k] for k in ("max_steps", "gen_n", "gen_seed") if k in env}
     if env.get("data_dir"):
         flags["data"] = env["data_dir"]
-    options = {k: _from_json(v) for k, v in env.get("options", {}).items() if k in family.gen_options}
+    options = {k: _from_json(v) for k, v in env.get("options", {}).items()}  # checked by read_settings
     return flags, options
 
 
@@ -484,12 +511,17 @@ def main(argv: list[str] | None = None) -> dict:
         _fail(exc)
     args = build_parser(family).parse_args(argv)
     options, notes = apply_defaults(args, trained, family)
+    try:
+        check_args(args)
+        check_options(family, options)
+        check_split(family, args.split)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
     if trained.get("env") and not args.quiet:
         print(_as_trained_line(args, family), file=sys.stderr)
     if notes:
         print("the command line overrides the run's settings: " + ", ".join(notes), file=sys.stderr)
     try:
-        check_args(args)
         family = family.configured(options)
         policy = make_policy(args.policy, args.seed, args.checkpoint, args.temperature, family, args.greedy)
         pool = family.task_pool(
@@ -517,7 +549,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     summary = summarize(args.split, trajs, family.task_types, family.score_name, pool)
     if args.episodes is not None:
-        write_episodes(args.episodes, trajs)
+        try:
+            write_episodes(args.episodes, trajs)
+        except OSError as err:
+            _fail(ValueError(f"--episodes={args.episodes}: cannot write it ({err.strerror or err})"))
     if not args.quiet:
         name = family.score_name
         scores = summary.get(f"per_type_{name}")

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from roleagent_jax.config import CONFIG
-from roleagent_jax.config.schema import lookup
+from roleagent_jax.config import CONFIG, Key
+from roleagent_jax.config.schema import lookup, option_errors
+from roleagent_jax.envs.base import get_family, registered
 
 SETTINGS_FILE = "roleagent.json"
 # What the policy needs to prompt and sample as the run did, each the config key it is exported from,
@@ -35,6 +36,17 @@ POLICY_KEYS = {
     "max_rows_per_call": "rollout.max_rows_per_call",
 }
 POLICY_DEFAULTS = {name: CONFIG.default(key) for name, key in POLICY_KEYS.items()}
+# Every checked field of the file ("section.name"), with the declared key whose check it takes.
+_KEYS = dict(CONFIG.keys())
+FIELD_KEYS = {
+    **{name: _KEYS[key] for name, key in POLICY_KEYS.items()},
+    **{f"env.{name}": _KEYS[key] for name, key in (("name", "env.name"), ("max_steps", "env.max_steps"),
+       ("eval_splits", "env.eval_splits"), ("gen_n", "env.gen.n_eval"), ("gen_seed", "env.gen.seed"),
+       ("data_dir", "env.data_dir"))},
+    **{f"eval.{name}": _KEYS[key] for name, key in (("greedy", "eval.greedy"),
+       ("temperature", "eval.temperature"), ("limit", "eval.limit"), ("seed", "seed"))},
+    "eval.batch_size": Key("batch_size", 0, "episodes played at once (0 = all)", ge=0),
+}  # fmt: skip
 # Each purpose of a run's generated games draws its own seed offset, so evaluation's games are held out.
 GEN_SEED_OFFSETS = {"train": 0, "eval": 1000, "warmstart": 2000}
 EVAL_KEY_OFFSET = 17  # the run's evaluation samples with PRNGKey(seed + this)
@@ -81,7 +93,8 @@ def write_settings(directory: str | os.PathLike, settings: Mapping[str, Any]) ->
 
 
 def read_settings(directory: str | os.PathLike) -> dict:
-    """The settings a model directory carries ({} when it has none); ValueError naming a broken file."""
+    """The settings a model directory carries ({} when it has none), each field checked as the config
+    key it was exported from; ValueError naming the file and the first field that is broken."""
     path = Path(directory) / SETTINGS_FILE
     if not path.is_file():
         return {}
@@ -89,9 +102,46 @@ def read_settings(directory: str | os.PathLike) -> dict:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"{path}: not valid JSON ({' '.join(str(err).split())})") from err
-    if not isinstance(settings, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+    problem = settings_error(settings)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return settings
+
+
+def settings_error(settings: Any) -> str | None:
+    """The first field of a settings file's contents that is missing its shape, type or range (every
+    field is optional: older files hold fewer), or None."""
+    if not isinstance(settings, dict):
+        return "expected a JSON object"
+    for section in ("env", "eval"):
+        if not isinstance(settings.get(section, {}), dict):
+            return f"{section}={settings[section]!r}: must be a JSON object"
+    for field, key in FIELD_KEYS.items():
+        section, _, name = field.rpartition(".")
+        node = settings.get(section, {}) if section else settings
+        if name in node:
+            problem = key.problem(node[name])
+            if problem:
+                return f"{field}={node[name]!r}: {problem}"
+    env = settings.get("env", {})
+    if "name" in env and env["name"] not in registered():
+        return f"env.name={env['name']!r}: must be one of {', '.join(registered())}"
+    if "options" in env:
+        return _options_error(env["name"] if "name" in env else None, env["options"])
+    return None
+
+
+def _options_error(family_name: str | None, options: Any) -> str | None:
+    """The family's own checks of the options the run played with (JSON lists read back as ranges)."""
+    if not isinstance(options, dict):
+        return f"env.options={options!r}: must be a JSON object"
+    if family_name is None:
+        return None  # no family to check them against: evaluate then plays with its own defaults
+    errors = option_errors(
+        get_family(family_name), {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()},
+        lambda name: f"env.options.{name}", "env.options",
+    )  # fmt: skip
+    return errors[0] if errors else None
 
 
 def check_checkpoint(path: Path) -> None:

@@ -1023,3 +1023,88 @@ def test_the_keys_a_resume_may_change_are_documented():
 
     doc = (ROOT / "docs" / "scaling.md").read_text()
     assert [key for key in RESUMABLE if f"`{key}`" not in doc] == []
+
+
+# ----------------------------------------------------------------------------------------------------
+# evaluate: what a checkpoint's settings file and the family's flags may hold, checked before any work
+
+
+def test_evaluate_refuses_an_episodes_folder_it_cannot_write_before_playing(tmp_path, capsys, monkeypatch):
+    from roleagent_jax import evaluate
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(evaluate.tempfile, "TemporaryFile", read_only)  # a read-only folder, even for root
+    episodes = tmp_path / "ro" / "episodes.jsonl"
+    episodes.parent.mkdir()
+    with pytest.raises(SystemExit) as err:
+        evaluate.main(["--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path / 'g'}",
+                       f"--episodes={episodes}"])  # fmt: skip
+    out = capsys.readouterr()
+    assert err.value.code == 2 and out.out == ""
+    assert (
+        out.err == f"error: --episodes={episodes}: cannot write in '{episodes.parent}' (Permission denied)\n"
+    )
+    assert not (tmp_path / "g").exists() and not any(episodes.parent.iterdir())
+
+
+def checkpoint_with_settings(tmp_path: Path, settings) -> Path:
+    """A model folder (its config.json is never read: the settings fail first) with `settings`."""
+    folder = tmp_path / "hf_final"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "roleagent.json").write_text(json.dumps(settings))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        ({"env": ["alfworld"]}, "env=['alfworld']: must be a JSON object"),
+        ({"eval": {"temperature": "hot"}}, "eval.temperature='hot': must be a number"),
+        ({"max_rows_per_call": None}, "max_rows_per_call=None: must be an integer"),
+        ({"env": {"name": "alfworld", "options": [1]}}, "env.options=[1]: must be a JSON object"),
+        ({"env": {"name": "alfworld", "max_steps": 0}}, "env.max_steps=0: must be >= 1"),
+        ({"env": {"name": "nowhere"}}, "env.name='nowhere': must be one of alfworld"),
+        ({"env": {"name": "alfworld", "options": {"num_receptacles": 1.5}}},
+         "env.options.num_receptacles=1.5: must be an int or a pair lo,hi of ints"),
+        ({"env": {"name": "alfworld", "options": {"num_receptacles": [1, 3]}}}, "env.options: num_receptacles"),
+    ],
+    ids=["env-list", "temperature", "row-cap-null", "options-list", "max-steps", "family", "option-type",
+         "option-range"],
+)  # fmt: skip
+def test_a_checkpoints_settings_file_is_checked_field_by_field(tmp_path, settings, needle):
+    folder = checkpoint_with_settings(tmp_path, settings)
+    out = run_evaluate(f"--checkpoint={folder}", "--split=gen_seen")
+    assert_one_line_error(out, f"{folder / 'roleagent.json'}: {needle}")
+
+
+def test_an_option_the_family_no_longer_has_is_named_not_dropped(tmp_path):
+    folder = checkpoint_with_settings(tmp_path, {"env": {"name": "alfworld", "options": {"rooms": 3}}})
+    out = run_evaluate(f"--checkpoint={folder}", "--split=gen_seen")
+    assert_one_line_error(
+        out, str(folder / "roleagent.json"), "unknown option(s) ['rooms']", "num_receptacles"
+    )
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--num-receptacles=1.5",), "--num-receptacles=1.5: must be an int or a pair lo,hi of ints"),
+        (("--num-receptacles=abc",), "--num-receptacles='abc': must be an int or a pair lo,hi of ints"),
+        (("--num-receptacles=1",), "alfworld options: num_receptacles"),
+        (("--env=search_qa", "--split=gen_test", "--topk=abc"), "--topk='abc': must be an integer"),
+    ],
+    ids=["float", "text", "too-small", "search-qa-topk"],
+)
+def test_evaluates_family_flags_are_checked_as_the_trainer_checks_them(tmp_path, args, needle):
+    out = run_evaluate("--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path}", *args)
+    assert_one_line_error(out, needle)
+    assert not any(tmp_path.iterdir())
+
+
+def test_evaluate_names_an_unknown_split_before_loading_the_model(tmp_path):
+    folder = checkpoint_with_settings(tmp_path, {"env": {"name": "alfworld"}})  # an unreadable model
+    out = run_evaluate(f"--checkpoint={folder}", "--split=gen_sen")
+    assert_one_line_error(out, "--split=gen_sen: unknown alfworld split", "valid_seen", "gen_unseen")

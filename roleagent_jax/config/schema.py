@@ -5,7 +5,7 @@ so a new setting is one line and cannot drift from its check."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +40,20 @@ class Key:
 
     def error(self, dotted: str, value: Any) -> str | None:
         """The one-line refusal of `value`, or None when it passes."""
-        flag = f"--config.{dotted}={value!r}"
+        problem = self.problem(value)
+        return f"--config.{dotted}={value!r}: {problem}" if problem else None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` ("must be ..."), or None: the check for a value read from elsewhere
+        (an exported model's settings file) than the command line."""
         if not _same_type(value, self.default):
-            return f"{flag}: must be {_type_name(self.default)}"
+            return f"must be {_type_name(self.default)}"
         if self.choices is not None:
-            return None if value in self.choices else f"{flag}: must be {self.rule()}"
+            return None if value in self.choices else f"must be {self.rule()}"
         low_ok = (self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
         if low_ok and (self.le is None or value <= self.le):
             return None
-        return f"{flag}: must be {self.rule()}" + (f" ({self.why})" if self.why else "")
+        return f"must be {self.rule()}" + (f" ({self.why})" if self.why else "")
 
 
 @dataclass(frozen=True)
@@ -148,17 +153,28 @@ class FamilyOptions:
 
     @staticmethod
     def errors(config: ConfigDict, family: Family) -> list[str]:
-        """The selected family's options: types against its defaults, then its own `check_options`."""
-        options = family_options(config, family)
-        for name, value in options.items():
-            default = family.gen_options.get(name)
-            if name in family.gen_options and not _option_type_ok(value, default):
-                return [f"--config.env.{family.name}.{name}={value!r}: must be {_type_name(default)}"]
-        try:
-            family.check_options(family.resolve_options(options))
-        except (ValueError, TypeError) as err:
-            return [f"--config.env.{family.name}: {err}"]
-        return []
+        """The selected family's options (`option_errors`), named as config keys."""
+        section = f"--config.env.{family.name}"
+        return option_errors(
+            family, family_options(config, family), lambda name: f"{section}.{name}", section
+        )
+
+
+def option_errors(
+    family: Family, options: Mapping[str, Any], flag: Callable[[str], str], section: str
+) -> list[str]:
+    """The refusal of a family's options, wherever they came from (config, evaluate's flags, an exported
+    model's settings): the first option whose type is not its default's (named `flag(option)`), else an
+    unknown option or the family's own `check_options` (named `section`)."""
+    for name, value in options.items():
+        default = family.gen_options.get(name)
+        if name in family.gen_options and not _option_type_ok(value, default):
+            return [f"{flag(name)}={value!r}: must be {_type_name(default)}"]
+    try:
+        family.check_options(family.resolve_options(options))
+    except (ValueError, TypeError) as err:
+        return [f"{section}: {err}"]
+    return []
 
 
 def family_options(config: ConfigDict, family: Family) -> dict:
