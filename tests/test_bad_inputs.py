@@ -384,9 +384,13 @@ def test_cli_names_a_tilde_path_expanded(tmp_path):
             ("--config.warmstart.own_games=True", "real data"),
         ),
         (("--config=configs/demo.py", "--config.train.micro_batch_rows=48"), ("micro_batch_rows=48",)),
+        (
+            ("--config=configs/demo.py", "--config.lora.rank=4", "--config.lora.layers=9"),
+            ("--config.lora.layers=9: the model has only 3 layers", "model.init.num_hidden_layers"),
+        ),
     ],
     ids=["page-size", "rooms", "rooms-not-int", "group-1", "grpo-group-1", "mesh", "wia-fraction", "own-games",
-         "micro-batch"],
+         "micro-batch", "lora-layers"],
 )  # fmt: skip
 def test_cli_refusal_is_one_line_and_leaves_no_workdir(tmp_path, args, needles):
     """Every start-up refusal comes before the workdir is made: nothing generated, nothing to clean up."""
@@ -1108,3 +1112,16 @@ def test_evaluate_names_an_unknown_split_before_loading_the_model(tmp_path):
     folder = checkpoint_with_settings(tmp_path, {"env": {"name": "alfworld"}})  # an unreadable model
     out = run_evaluate(f"--checkpoint={folder}", "--split=gen_sen")
     assert_one_line_error(out, "--split=gen_sen: unknown alfworld split", "valid_seen", "gen_unseen")
+
+
+def test_lora_layers_above_the_checkpoints_layer_count_fail_at_startup(full_model_dir):
+    from roleagent_jax.config import validate
+
+    c = base_config()
+    c.model.path, c.lora.rank, c.lora.layers = str(full_model_dir), 4, 2
+    with pytest.raises(
+        ValueError, match=r"--config.lora.layers=2: the model has only 1 layers \(.*config.json\)"
+    ):
+        validate(c)
+    c.lora.layers = 1
+    validate(c)

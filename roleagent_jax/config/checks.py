@@ -172,8 +172,9 @@ def _model_errors(config: ConfigDict) -> list[str]:
     from roleagent_jax.models.lora import LoRAConfig
 
     try:
-        LoRAConfig(**config.lora.to_dict())
+        lora = LoRAConfig(**config.lora.to_dict())
     except (ValueError, TypeError) as err:
+        lora = None
         errors.append(f"--config.{err}{_targets_hint(config.lora.targets)}")
     from roleagent_jax.models import init_config
 
@@ -184,7 +185,22 @@ def _model_errors(config: ConfigDict) -> list[str]:
         errors.append(f"--config.model.init: {err}")
     else:
         errors += _ignored_init_errors(config, checkpoint) if checkpoint else []
+        if lora is not None and lora.rank and (checkpoint or not config.model.path):
+            errors += _lora_layer_errors(config, lora, checkpoint)
     return errors
+
+
+def _lora_layer_errors(config: ConfigDict, lora, checkpoint) -> list[str]:
+    """`lora.layers` against the layer count of the model it adapts (its config.json, or model.init)."""
+    if checkpoint:
+        layers, source = checkpoint.num_hidden_layers, f"{Path(config.model.path) / 'config.json'}"
+    else:
+        layers, source = config.model.init.num_hidden_layers, "--config.model.init.num_hidden_layers"
+    try:
+        lora.first_layer(layers)
+    except ValueError as err:
+        return [f"--config.{err} ({source})"]
+    return []
 
 
 def _ignored_init_errors(config: ConfigDict, model_config) -> list[str]:
