@@ -7,8 +7,9 @@
         --algos gigpo roleagent                          # a real model: one warm start for every arm
 
 `--env` picks the family's embedded default (alfworld: configs/demo.py); `--config` any config file
-instead, and `--set key=value` changes one of its keys for every run (a recipe try). Success is the
-family's success rate (search-QA: exact match).
+instead (loaded as the training command loads it), and `--set key=value` changes one of its keys for every
+run (a recipe try), parsed as `--config.key=value` is. Success is the family's success rate (search-QA:
+exact match).
 
 `--one-warmstart` makes a single warm start (the first seed's), saved once and evaluated once, that every
 seed and algorithm starts RL from: the seeds then differ in RL's sampling only. The gains are paired twice:
@@ -39,9 +40,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from benchmarks.common import DEMO_CONFIGS, ROOT, demo_config, mean_se, print_json  # noqa: E402
+from benchmarks.common import DEMO_CONFIGS, ROOT, mean_se, print_json  # noqa: E402
 from roleagent_jax.config import ALGOS as PRESETS  # noqa: E402
-from roleagent_jax.config.schema import lookup  # noqa: E402
 
 DEFAULT_ALGOS = ("grpo", "gigpo", "roleagent")
 PANEL_GEN_SEED = 2000  # far from the demo's pools (seeds 0 and 1000)
@@ -84,41 +84,25 @@ def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> floa
     return float(np.mean(scores))
 
 
-def load_config(path: str):
-    """A config file of the repository (`configs/x.py`) as the package module `configs.x` would build it."""
-    import importlib
+def load_configs(args: argparse.Namespace):
+    """A function that builds a fresh config for every run: `--config` (else `--env`'s demo) loaded as the
+    training command loads it, `--set KEY=VALUE` as its --config.KEY=VALUE flags. Checked once here, so a
+    bad file, key or value (or a --warmstart folder that is no model) fails before any run, in one line."""
+    from roleagent_jax.config import validate
+    from roleagent_jax.config.files import fail, load_config_file
 
-    file = Path(path)
-    if file.suffix != ".py" or file.parent.name != "configs" or not (ROOT / "configs" / file.name).is_file():
-        raise SystemExit(f"error: --config={path}: not a file of the repository's configs/ folder")
-    return importlib.import_module(f"configs.{file.stem}").get_config()
-
-
-def apply_sets(config, sets: list[str]):
-    """`key=value` overrides, each value parsed as the key's current type (as a --config.key flag is)."""
-    for item in sets:
-        key, sep, text = item.partition("=")
-        try:
-            current = lookup(config, key)
-        except (KeyError, AttributeError):
-            current = None
-        if not sep or current is None or isinstance(current, dict):
-            raise SystemExit(f"error: --set {item}: not key=value for a key of the config")
-        if isinstance(current, bool):
-            value = text.lower() in ("1", "true", "yes")
-        elif isinstance(current, tuple):
-            value = tuple(x for x in text.split(",") if x)
-        else:
-            try:
-                value = type(current)(text)
-            except ValueError:
-                raise SystemExit(f"error: --set {item}: {text!r} is not a {type(current).__name__}") from None
-        *parents, leaf = key.split(".")
-        node = config
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
-    return config
+    path = args.config or str(ROOT / "configs" / f"{DEMO_CONFIGS[args.env]}.py")
+    for item in args.set:
+        if "=" not in item:
+            fail(f"--set {item}: expected KEY=VALUE, a key of the config (python -m roleagent_jax.config)")
+    try:
+        first = load_config_file(path, args.set)
+        if args.warmstart:  # what every arm then runs with
+            first.model.path, first.warmstart.steps = str(Path(args.warmstart).absolute()), 0
+        validate(first)
+    except ValueError as err:
+        fail(str(err))
+    return lambda: load_config_file(path, args.set)
 
 
 def paired_games(after: list[list[int]], before: list[int]) -> tuple[float, float]:
@@ -153,7 +137,8 @@ def main() -> None:
     parser.add_argument("--env", choices=sorted(DEMO_CONFIGS), default="alfworld", help="which demo to run")
     parser.add_argument("--config", default="", help="a config file (configs/x.py) instead of --env's demo")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change a config key for every run (repeatable)")  # fmt: skip
+                        help="change a config key for every run, as --config.KEY=VALUE of the training "
+                        "command (repeatable)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=None, help="RL iterations (default: the config's)")
     parser.add_argument("--workdir", default="runs/learning")
@@ -176,12 +161,7 @@ def main() -> None:
         parser.error("--panel must be >= 0 and --draws >= 1")
     if args.warmstart and not args.algos:
         parser.error("--warmstart needs at least one of --algos (the first arm evaluates the warm start)")
-    if args.warmstart and not (Path(args.warmstart) / "config.json").is_file():
-        parser.error(f"--warmstart={args.warmstart}: no model folder (config.json) there")
-
-    def config():
-        c = load_config(args.config) if args.config else demo_config(args.env)
-        return apply_sets(c, args.set)
+    config = load_configs(args)
 
     root = Path(args.workdir).absolute()
     table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *dict.fromkeys(args.algos))}

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from roleagent_jax.config.files import config_error, fail
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -49,30 +50,6 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 flags.mark_flags_as_required(["config"])
 _DEBUG = flags.DEFINE_bool("debug", False, "Show the full traceback of an error instead of one line.")
-
-USAGE_EXIT = 2
-
-
-def _fail(message: str) -> NoReturn:
-    """One line per problem (a config with several bad keys names each on its own line), exit code 2."""
-    lines = message.removeprefix("invalid configuration:\n").split("\n")
-    print("\n".join(f"error: {line.strip()}" for line in lines), file=sys.stderr)
-    sys.exit(USAGE_EXIT)
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
-
-
-def _mapping_hint(message: str) -> str:
-    """How a mapping setting (search QA's env.search_qa.mix) is written, when one failed to parse."""
-    if "as a ConfigDict" not in message:
-        return ""
-    return (
-        "; write a mapping as a Python dict, --config.KEY=\"{'name': value, ...}\", or one entry, "
-        "--config.KEY.name=value"
-    )
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -85,30 +62,12 @@ def parse_flags(argv: list[str]) -> list[str]:
     except Exception as err:
         if "--debug" in argv:
             raise
-        if isinstance(err, flags.Error):
-            _fail(_last_line(err) + _mapping_hint(str(err)))
-        _config_error(err, argv)
-
-
-def _config_error(err: Exception, argv: list[str]) -> NoReturn:
-    config_file = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if isinstance(err, AttributeError | KeyError):  # ml_collections: a key the config does not have
-        name = str(err).strip("\"'")
-        arg = next((a for a in argv if a.startswith("--config.") and name in a), name)
-        from roleagent_jax.config import renamed_key_error
-
-        renamed = renamed_key_error(arg.split("=")[0].removeprefix("--config."))
-        if renamed:
-            _fail(renamed)
-        _fail(
-            f"{arg.split('=')[0]}: no such key in {config_file} (python -m roleagent_jax.config lists every key)"
-        )
-    _fail(f"--config={config_file}: cannot load the config file ({_last_line(err)})")
+        fail(config_error(err, argv))
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        _fail(f"unexpected arguments: {' '.join(argv[1:])} (settings are --config.<key>=<value>)")
+        fail(f"unexpected arguments: {' '.join(argv[1:])} (settings are --config.<key>=<value>)")
     logging.set_verbosity(logging.WARNING)  # keep library INFO chatter (orbax, XLA) off the console
     from roleagent_jax.checkpointing import CheckpointError  # heavy imports only once the flags are valid
     from roleagent_jax.trainer import Trainer
@@ -120,7 +79,7 @@ def main(argv: list[str]) -> int:
     except Exception as err:
         if _DEBUG.value:
             raise
-        _config_error(err, sys.argv)
+        fail(config_error(err, sys.argv))
     trainer = None
     try:
         trainer = Trainer(config, config_flags.get_config_filename(flags.FLAGS["config"]))
@@ -128,7 +87,7 @@ def main(argv: list[str]) -> int:
     except user_errors as err:
         if _DEBUG.value:
             raise
-        _fail(str(err))
+        fail(str(err))
     finally:
         if trainer is not None:
             trainer.close()

@@ -1125,3 +1125,53 @@ def test_lora_layers_above_the_checkpoints_layer_count_fail_at_startup(full_mode
         validate(c)
     c.lora.layers = 1
     validate(c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# config files: the training command and the learning benchmark load them alike
+
+
+def test_a_config_file_without_get_config_is_named(tmp_path):
+    config = tmp_path / "mine.py"
+    config.write_text("workdir = 'runs/x'\n")
+    out = run_main(f"--config={config}", f"--config.workdir={tmp_path / 'run'}")
+    assert_one_line_error(out, f"--config={config}: the file defines no get_config()")
+    assert not (tmp_path / "run").exists()
+
+
+def run_learning_benchmark(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learning.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT.parent,  # run as a script from anywhere
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--set", "iterations"), "--set iterations: expected KEY=VALUE"),
+        (("--config=configs/nope.py",), "--config=configs/nope.py: cannot load the config file"),
+        (("--config=/nonexistent/configs/demo.py",), "--config=/nonexistent/configs/demo.py: cannot load"),
+        (("--set", "rollout.group_size=1"), "--config.rollout.group_size=1: must be >= 2"),
+        (("--set", "no.such=1"), "--config.no.such: no such key"),
+        (("--set", "iterations=abc"), "--config.iterations=abc"),
+    ],
+    ids=["no-value", "missing-config", "outside-config", "group-1", "no-such-key", "not-an-int"],
+)
+def test_the_learning_benchmark_refuses_bad_settings_before_any_run(tmp_path, args, needle):
+    out = run_learning_benchmark(f"--workdir={tmp_path / 'runs'}", *args)
+    assert_one_line_error(out, needle)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_learning_benchmark_refuses_a_warm_start_without_weights(full_model_dir, tmp_path):
+    import shutil
+
+    warm = Path(shutil.copytree(full_model_dir, tmp_path / "hf_warmstart"))
+    (warm / "model.safetensors").unlink()
+    out = run_learning_benchmark(f"--workdir={tmp_path / 'runs'}", f"--warmstart={warm}")
+    assert_one_line_error(out, f"--config.model.path='{warm}'", "safetensors")
+    assert not (tmp_path / "runs").exists()
