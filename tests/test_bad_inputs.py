@@ -923,8 +923,10 @@ def test_convert_names_the_users_folder_when_it_cannot_be_made(tmp_path, capsys,
     from roleagent_jax.models import convert
 
     (tmp_path / "f").write_text("x")
+    gguf = tmp_path / "unread.gguf"  # the folder fails before the file is read
+    gguf.write_bytes(b"GGUF")
     with pytest.raises(SystemExit) as err:
-        convert.main(["--gguf=missing.gguf", f"--out={tmp_path / 'f' / 'model'}"])
+        convert.main([f"--gguf={gguf}", f"--out={tmp_path / 'f' / 'model'}"])
     line = capsys.readouterr().err.strip()
     assert err.value.code == 2 and "\n" not in line and line.startswith(f"error: {tmp_path / 'f' / 'model'}:")
 
@@ -933,7 +935,7 @@ def test_convert_names_the_users_folder_when_it_cannot_be_made(tmp_path, capsys,
 
     monkeypatch.setattr(convert.tempfile, "mkdtemp", read_only)  # a read-only folder, even for root
     with pytest.raises(SystemExit):
-        convert.main(["--gguf=missing.gguf", f"--out={tmp_path / 'model'}"])
+        convert.main([f"--gguf={gguf}", f"--out={tmp_path / 'model'}"])
     line = capsys.readouterr().err.strip()
     assert line == f"error: {tmp_path / 'model'}: cannot create it (Permission denied)"
     assert not list(tmp_path.glob(".model*"))
@@ -1175,3 +1177,25 @@ def test_the_learning_benchmark_refuses_a_warm_start_without_weights(full_model_
     out = run_learning_benchmark(f"--workdir={tmp_path / 'runs'}", f"--warmstart={warm}")
     assert_one_line_error(out, f"--config.model.path='{warm}'", "safetensors")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "unreadable"])
+def test_convert_names_a_bad_gguf_and_leaves_no_folder_it_made(tmp_path, capsys, kind):
+    from roleagent_jax.models import convert
+
+    gguf = tmp_path / "model.gguf"
+    if kind == "folder":
+        gguf.mkdir()
+    elif kind == "unreadable":
+        gguf.write_bytes(b"not a gguf file")
+    out = tmp_path / "a" / "b" / "model"
+    with pytest.raises(SystemExit) as err:
+        convert.main([f"--gguf={gguf}", f"--out={out}"])
+    line = capsys.readouterr().err.strip()
+    why = {
+        "missing": "no such file",
+        "folder": "is a folder, not a GGUF file",
+        "unreadable": "not a readable GGUF",
+    }
+    assert err.value.code == 2 and "\n" not in line and line.startswith(f"error: {gguf}: {why[kind]}")
+    assert not (tmp_path / "a").exists()

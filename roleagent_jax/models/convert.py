@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from roleagent_jax.models.gguf_import import GGUFError, read_gguf
+from roleagent_jax.models.gguf_import import GGUFError, check_gguf_path, read_gguf
 from roleagent_jax.models.gguf_tokenizer import build_tokenizer
 from roleagent_jax.models.hf_io import save_tensors, umask_mode
 from roleagent_jax.tokenizer import eos_ids
@@ -34,16 +34,28 @@ def _generation_config(tok) -> dict:
     }
 
 
-def _staging_folder(out: Path) -> Path:
+def _staging_folder(out: Path) -> tuple[Path, list[Path]]:
     """A hidden sibling of ``out`` to write into (renamed into place when complete), with the mode of
-    any new folder; a folder that cannot be written names ``out``, not the hidden one."""
+    any new folder, and the folders above it made for it (removed again if the conversion fails); a
+    folder that cannot be written names ``out``, not the hidden one."""
+    made = [p for p in out.absolute().parents if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as err:
+        _remove_empty(made)
         raise OSError(f"{out}: cannot create it ({err.strerror or err})") from err
     umask_mode(tmp)
-    return tmp
+    return tmp, made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """The folders a failed conversion made, deepest first, where nothing else was put in them."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -55,7 +67,8 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     gguf, out = Path(gguf).expanduser(), Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out}: already exists and is not an empty folder")
-    tmp = _staging_folder(out)  # before the file is read: an unwritable folder fails at once
+    check_gguf_path(gguf)
+    tmp, made = _staging_folder(out)  # before the file is read: an unwritable folder fails at once
     try:
         model = read_gguf(gguf)
         tok = build_tokenizer(model.metadata, gguf)
@@ -68,6 +81,7 @@ def convert(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
         raise
     return out
 

@@ -67,13 +67,20 @@ class GGUFModel:
     metadata: dict[str, Any]  # every key/value field (arrays as lists)
 
 
+def check_gguf_path(path: Path) -> None:
+    """GGUFError naming `path` when it is no file to read (absent, or a folder)."""
+    if path.is_dir():
+        raise GGUFError(f"{path}: is a folder, not a GGUF file")
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such file")
+
+
 def open_reader(path: str | os.PathLike):
     """A ``GGUFReader`` on the file; a missing, truncated or corrupt file raises GGUFError naming it."""
     from gguf import GGUFReader
 
     path = Path(path)
-    if not path.is_file():
-        raise GGUFError(f"{path}: no such file")
+    check_gguf_path(path)
     try:
         return GGUFReader(path)
     except Exception as err:  # the reader raises ValueError, IndexError, struct errors... on bad bytes
