@@ -6,7 +6,9 @@
 
 Any config value can be overridden with --config.<key>=<value>. Every key, with its default, its
 check and its meaning: python -m roleagent_jax.config (declared in roleagent_jax/config/keys.py).
-A run resumes from its last checkpoint in --config.workdir when one exists.
+A run resumes from its last checkpoint in --config.workdir when one exists; a workdir belongs to one run,
+and a start there with settings that change what it trains is refused (docs/scaling.md lists the keys that
+may change on a resume).
 
 A mistake on the command line or in the files it names (an unknown key, a value out of range, a missing
 or corrupt model directory or checkpoint) ends with one line naming it and exit code 2; --debug shows
