@@ -6,9 +6,8 @@ constructed turns; WebShop and search QA: the expert playing ten held-out goals 
 generated shop or knowledge base) and hashed per kind; the hashes were recorded from the code before
 the change, so a demo figure measured then still describes the demo now.
 
-One deliberate change since: the ALFWorld demo's validity rule went from `available` (a listed command)
-to `format` (a well-formed answer, the reference's rule). Its answers are hashed under the rule the
-earlier figures were measured with, and a second test pins what the new rule changes.
+The ALFWorld demo's answers are hashed under the validity rule its figures were measured with
+(`available`: a listed command); a second test pins how the reference's `format` rule differs from it.
 """
 
 import hashlib
@@ -70,7 +69,7 @@ ADMISSIBLE = [
 
 def _alfworld(rec):
     c = _config("demo")
-    c.env.alfworld.valid = "available"  # the rule of the demo's figures up to 2026-12-04
+    c.env.alfworld.valid = "available"
     f = _family(c)
     adm = ADMISSIBLE
     intro = (
@@ -142,21 +141,22 @@ def test_demos_render_and_judge_exactly_as_before(tmp_path):
     assert digests(render(tmp_path)) == BEFORE
 
 
-def test_the_demo_now_judges_an_unlisted_but_well_formed_command_valid():
-    """The format rule differs from the available rule exactly where an answer is well formed but not a
-    listed command (or no list is known): the action is the same, only its validity flips to True."""
+def test_the_format_rule_differs_from_the_available_rule_only_on_unlisted_commands():
+    """The format rule (the reference's) differs from the available rule (the demo's) exactly where an
+    answer is well formed but not a listed command, or no list is known: the action is the same, only
+    its validity flips to True."""
     c = _config("demo")
-    assert c.env.alfworld.valid == "format"
-    now = _family(c)
+    c.env.alfworld.valid = "format"
+    fmt = _family(c)
     c.env.alfworld.valid = "available"
-    before = _family(c)
+    available = _family(c)
     for adm in (ADMISSIBLE, None):
         for response in RESPONSES:
-            (a_now, ok_now), (a_before, ok_before) = (
-                now.parse_action(response, adm),
-                before.parse_action(response, adm),
+            (a_fmt, ok_fmt), (a_avail, ok_avail) = (
+                fmt.parse_action(response, adm),
+                available.parse_action(response, adm),
             )
-            assert a_now == a_before, response
-            listed = adm is not None and a_now in adm
-            assert ok_now == (a_now is not None), response
-            assert ok_before == (a_now is not None and (listed or adm is None)), response
+            assert a_fmt == a_avail, response
+            listed = adm is not None and a_fmt in adm
+            assert ok_fmt == (a_fmt is not None), response
+            assert ok_avail == (a_fmt is not None and (listed or adm is None)), response
