@@ -33,9 +33,9 @@ def broken_advantages(request, monkeypatch):
     """The trainer's advantage function with its output zeroed or its sign flipped."""
     from roleagent_jax import trainer
 
-    real = trainer.gigpo_advantages
+    real = trainer.row_advantages
     scale = {"zeroed": 0.0, "flipped": -1.0}[request.param]
-    monkeypatch.setattr(trainer, "gigpo_advantages", lambda *a, **k: scale * np.asarray(real(*a, **k)))
+    monkeypatch.setattr(trainer, "row_advantages", lambda *a, **k: scale * np.asarray(real(*a, **k)))
     return request.param
 
 
