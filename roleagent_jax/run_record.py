@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ml_collections import ConfigDict
 
 from roleagent_jax.checkpointing import write_json
-from roleagent_jax.config import PATH_KEYS
+from roleagent_jax.config import CONFIG, PATH_KEYS
+from roleagent_jax.config.schema import family_options, lookup
+from roleagent_jax.envs.base import get_family
 
 RUN_FILE = "run.json"
 # Dotted keys, or sections (every key under them), that a resumed run may set differently.
@@ -52,19 +53,15 @@ FIRST = ("env.name", "model.path", "tokenizer.path", "algo")
 
 
 def run_record(config: ConfigDict, config_file: str = "") -> dict:
-    """What defines the run of `config`: the config file it came from, and every key not in
-    `RESUMABLE` (paths absolute, only the selected family's own options), as JSON holds them."""
-    keys = _flat(config.to_dict())
-    family = config.env.name
-    for dotted in list(keys):
-        parts = dotted.split(".")
-        other_family = parts[0] == "env" and len(parts) > 2 and parts[1] not in ("gen", family)
-        if other_family and isinstance(config.env.get(parts[1]), ConfigDict):
-            del keys[dotted]
-        elif _resumable(dotted):
-            del keys[dotted]
-        elif dotted in PATH_KEYS and keys[dotted]:
+    """What defines the run of `config`: the config file it came from, every declared key not in
+    `RESUMABLE` and the selected family's own options (paths absolute), as JSON holds them."""
+    keys = {dotted: lookup(config, dotted) for dotted, _ in CONFIG.keys() if not _resumable(dotted)}
+    family = get_family(config.env.name)
+    keys |= {f"env.{family.name}.{name}": value for name, value in family_options(config, family).items()}
+    for dotted in PATH_KEYS:
+        if keys.get(dotted):
             keys[dotted] = str(Path(keys[dotted]).absolute())
+    keys = {k: v.to_dict() if isinstance(v, ConfigDict) else v for k, v in keys.items()}
     file = str(Path(config_file).absolute()) if config_file else ""
     return json.loads(json.dumps({"config_file": file, "config": keys}))
 
@@ -111,13 +108,3 @@ def _order(key: str) -> tuple:
 
 def _resumable(dotted: str) -> bool:
     return any(dotted == key or dotted.startswith(key + ".") for key in RESUMABLE)
-
-
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in tree.items():
-        if isinstance(value, Mapping) and value:
-            out |= _flat(value, f"{prefix}{name}.")
-        else:
-            out[f"{prefix}{name}"] = value
-    return out

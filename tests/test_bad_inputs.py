@@ -1031,6 +1031,15 @@ def test_the_keys_a_resume_may_change_are_documented():
     assert [key for key in RESUMABLE if f"`{key}`" not in doc] == []
 
 
+def test_each_key_a_resume_may_change_is_a_declared_key_or_section():
+    """A renamed key left in RESUMABLE would silently stop matching, and a resume that changes it be refused."""
+    from roleagent_jax.config import CONFIG
+    from roleagent_jax.run_record import RESUMABLE
+
+    declared = [dotted for dotted, _ in CONFIG.keys()]
+    assert [k for k in RESUMABLE if not any(d == k or d.startswith(k + ".") for d in declared)] == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # evaluate: what a checkpoint's settings file and the family's flags may hold, checked before any work
 
