@@ -194,6 +194,7 @@ def warm_start(config: ConfigDict, graphdef, params, examples: list[Example], to
         steps=c.warmstart.steps,
         batch_rows=c.warmstart.batch_rows,
         lr=c.warmstart.lr,
+        schedule=c.warmstart.schedule,
         seed=c.seed,
         progress=lambda it: tqdm(it, desc="warm start (SFT)", disable=not c.log.progress),
         checkpoint=ckpt,

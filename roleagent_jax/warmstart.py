@@ -223,6 +223,7 @@ def run_sft(
     predictor_target_tokens: int = 0,
     copy_steps: int = 0,
     copy_tokens: Sequence[int] = (),
+    schedule: str = "cosine",
 ):
     """Adam on the examples for `steps` steps; returns (params, per-step losses).
 
@@ -235,13 +236,19 @@ def run_sft(
     never lets the predictor write.
 
     `copy_steps` > 0 puts that many steps of `copy_batches` over `copy_tokens` before the examples' steps
-    (in the same optimizer run and learning-rate schedule, `copy_steps + steps` long)."""
+    (in the same optimizer run and learning-rate schedule, `copy_steps + steps` long).
+
+    `schedule`: ``cosine`` decays the rate to 0 at the last step; ``constant`` keeps it, as a pretrained
+    model's one-epoch fine-tune usually does: cosine halves the area under the rate, and one epoch
+    at a pretrained model's small rate is then half trained."""
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
     total = copy_steps + steps
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, total))
-    )
+    rates = {"cosine": optax.cosine_decay_schedule, "constant": lambda lr, _: optax.constant_schedule(lr)}
+    if schedule not in rates:
+        raise ValueError(f"warm-start schedule must be one of {tuple(rates)}, got {schedule!r}")
+    rate = rates[schedule](lr, total)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(rate))
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(graphdef, optimizer, jax.tree.map(lambda x: x.sharding, params))
     prompts = [encode_prompt(e.prompt) for e in examples]

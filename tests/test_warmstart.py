@@ -202,3 +202,44 @@ class _Tok:
 def test_a_target_ends_with_eos_only_when_asked():
     assert target_ids(_Tok(), "<answer>x</answer>", end_turn=False)[-1] == ord(">")
     assert target_ids(_Tok(), "<answer>x</answer>", end_turn=True) == [*map(ord, "<answer>x</answer>"), 2]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_a_constant_warm_start_takes_the_steps_of_torch_adamw_on_the_same_rows(tmp_path, schedule):
+    """The PyTorch fine-tune a pretrained model's warm start is measured against (AdamW at a constant rate,
+    loss on the target tokens) gives the same loss at every step; the cosine schedule does not: by the
+    last steps it has taken half the steps' size, which left a one-epoch warm start half trained."""
+    torch = pytest.importorskip("torch")
+    from flax import nnx
+    from qwen2_tiny import torch_qwen2
+
+    from roleagent_jax.models import load_pretrained
+    from roleagent_jax.warmstart import Example, run_sft
+
+    reference = torch_qwen2(tie=True, kv_heads=2).train()
+    reference.save_pretrained(tmp_path)
+    graphdef, params = nnx.split(load_pretrained(tmp_path)[0], nnx.Param)
+    rng = np.random.default_rng(0)
+    rows = [(rng.integers(1, 128, 12).tolist(), rng.integers(1, 128, 5).tolist()) for _ in range(4)]
+    lr, steps = 3e-3, 8
+
+    opt = torch.optim.AdamW(reference.parameters(), lr=lr, weight_decay=0.0)
+    ids = torch.tensor([p + t for p, t in rows])
+    labels = torch.tensor([[-100] * len(p) + t for p, t in rows])
+    expected = []
+    for _ in range(steps):  # every row in every step: a batch is the whole set, in any order
+        loss = reference(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)  # the warm start clips too
+        opt.step()
+        opt.zero_grad()
+        expected.append(loss.item())
+
+    examples = [Example(str(i), str(i), "agent") for i in range(4)]
+    _, losses = run_sft(
+        graphdef, params, examples, lambda s: rows[int(s)][0], lambda s: rows[int(s)][1], 0,
+        steps=steps, batch_rows=4, lr=lr, seed=0, schedule=schedule,
+    )  # fmt: skip
+    close = np.allclose(losses, expected, rtol=2e-3)
+    assert losses[0] == pytest.approx(expected[0], rel=1e-5)
+    assert close == (schedule == "constant"), (losses, expected)

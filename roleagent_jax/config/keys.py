@@ -186,6 +186,8 @@ WARMSTART = Section("warmstart", "supervised warm start on expert trajectories (
     Key("copy_steps", 0, 'steps of "repeat this random sequence" first: teaches a new model to copy',
         ge=0),
     Key("lr", 1e-3, "learning rate", gt=0.0),
+    Key("schedule", "cosine", "learning rate over the steps: cosine decay to 0, or constant (a pretrained "
+        "model's one epoch)", choices=("cosine", "constant")),
     Key("batch_rows", 32, "rows per step", ge=1),
     Key("checkpoint_every", 250, "steps between warm-start checkpoints (0 = none); a kill resumes there",
         ge=0),
