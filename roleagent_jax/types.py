@@ -62,7 +62,10 @@ class RolloutSettings:
 @dataclass
 class Row:
     """One sampled answer as a training row: its token ids, the sampler's log-probs, and what the
-    advantages need (the episode, group, step, the hashed anchor state, reward and validity)."""
+    advantages need (the episode, group, step, the hashed anchor state, reward and validity).
+
+    `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
+    `rollout.branch_openers`); they condition the rest but carry no loss (their log-probs are 0)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -77,6 +80,7 @@ class Row:
     done: bool
     anchor: str = ""  # the anchor itself, for similarity clustering of step groups
     state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
+    forced_tokens: int = 0
 
 
 @dataclass
