@@ -42,6 +42,8 @@ class RolloutSettings:
     wia_horizon: int  # wia.horizon
     wia_fraction: float  # wia.fraction
     wia_max_tokens: int  # wia.max_tokens
+    branch_at: int  # rollout.branch_at: a task group's slots share their first steps (0: none)
+    branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -56,6 +58,8 @@ class RolloutSettings:
             wia_horizon=c.wia.horizon,
             wia_fraction=c.wia.fraction,
             wia_max_tokens=c.wia.max_tokens,
+            branch_at=c.rollout.branch_at,
+            branch_openers=c.rollout.branch_openers,
         )
 
 
