@@ -31,6 +31,7 @@ def pack_rows(
     length_bucket: int | Sequence[int] = 64,
     response_logprobs: Sequence[Sequence[float]] | None = None,
     stats: dict[str, int] | None = None,
+    forced_tokens: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Rows on one token grid ``[N, T]``: prompts left-padded to the longest prompt, responses right after
     them, right-padded; ``T`` rounded up to ``length_bucket`` (an int multiple, or the smallest of a list
@@ -42,7 +43,9 @@ def pack_rows(
     Returns numpy arrays: input_ids, attention_mask, positions (int32; positions count real tokens from
     0, padding 0), loss_mask (float32, 1 on response tokens), target_index (``target_index``: the
     response columns, where the model's head runs), and sampler_logprobs (float32, on response
-    tokens) when ``response_logprobs`` is given.
+    tokens) when ``response_logprobs`` is given. ``forced_tokens`` (per row, ``Row.forced_tokens``):
+    leading response tokens that were given, not sampled; they stay in the input but get loss mask 0,
+    so no log-prob pass scores them and the ratio, KL and entropy leave them out.
     """
     n = len(prompt_ids)
     if n == 0:
@@ -95,9 +98,9 @@ def pack_rows(
         input_ids[i, width_p:end] = r
         attention[i, start:end] = 1
         positions[i, start:end] = np.arange(end - start)
-        loss_mask[i, width_p:end] = 1.0
+        loss_mask[i, width_p + (forced_tokens[i] if forced_tokens is not None else 0) : end] = 1.0
         if response_logprobs is not None:
-            sampler_lp[i, width_p:end] = logprobs[i]
+            sampler_lp[i, width_p:end] = logprobs[i] * loss_mask[i, width_p:end]
     out = {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -137,6 +140,7 @@ def ppo_batch(
         max_prompt=max_prompt,
         max_response=max_response,
         response_logprobs=[r.logprobs for r in rows] if old_logprobs is None else None,
+        forced_tokens=[r.forced_tokens for r in rows],
     )
     n, mb = len(rows), mini_batch_rows
     padded = -(-n // mb) * mb

@@ -60,9 +60,43 @@ def sharing_groups(group_ids: Sequence[int]) -> list[int | None]:
     return [g if counts[g] > 1 else None for g in group_ids]
 
 
+def branch_slots(groups: Sequence[Hashable | None]) -> list[tuple[int, int]]:
+    """Each slot's (leader, branch): the first slot of its sharing group and the slot's rank in it; an
+    ungrouped slot leads itself as branch 0 (`rollout.branch_at`)."""
+    first: dict[Hashable, int] = {}
+    seen: Counter = Counter()
+    out = []
+    for slot, g in enumerate(groups):
+        if g is None:
+            out.append((slot, 0))
+            continue
+        first.setdefault(g, slot)
+        out.append((first[g], seen[g]))
+        seen[g] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One slot's answer at one step, as its training row holds it: `forced` leading response tokens
+    (a branch's opener) were given, not sampled, and their log-probs are 0."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    forced: int = 0
+
+
 class SamplerAgent:
     """The model as the agent of the episode loop: one batched sampler call per step (agent requests
-    first, then the predictor's), and one training row per step played."""
+    first, then the predictor's), and one training row per step played.
+
+    Branching (`rollout.branch_at` = k): before step k a task group's followers do not sample; each
+    replays its leader's answer (same tokens, same log-probs), so the group reaches step k as one
+    state and every slot samples there on its own. A follower whose prompt ever differs from its
+    leader's (a nondeterministic env) samples on its own from then on. With `branch_openers` the
+    answers at step k start with the family's action openers in turn."""
 
     def __init__(self, call, family: Family, encode: PromptEncoder, settings: RolloutSettings,
                  predictor: Predictor | None, predictions: dict, slot_offset: int = 0,
@@ -73,21 +107,34 @@ class SamplerAgent:
         self.inline = settings.wia_mode == "inline"
         self.stop = (INLINE_STOP,) if self.inline else (family.action_stop,)
         self.suffix = inline_instruction(family.action_stop) if self.inline else ""
+        self.branches = branch_slots(groups)
+        if settings.branch_openers and not family.action_openers:
+            raise ValueError(
+                f"rollout.branch_openers=True: family {family.name!r} declares no action openers"
+            )
+        tokenizer = encode.tokenizer
+        self.openers = [(o, tokenizer.encode(o, add_special_tokens=False)) for o in family.action_openers
+                        if settings.branch_openers]  # fmt: skip
+        self.strayed: set[int] = set()  # followers whose prompt left their leader's: they sample
         self.rows: list[Row] = []
-        self.sampled: dict[int, tuple[list[int], SampleResult]] = {}  # slot -> (prompt ids, result)
-        self.calls = self.generated_tokens = 0
+        self.sampled: dict[int, Answer] = {}  # slot -> its answer of the current step
+        self.calls = self.generated_tokens = self.replayed = 0
 
     def act(self, step: int, turns: list[Turn]) -> list[Move] | None:
         s = self.settings
+        replay = self._replaying(step, turns)
+        own = [tr for tr in turns if tr.slot not in replay]
+        prompts = [self.encode(tr.prompt + self.suffix) for tr in own]
+        openers = [self._opener(step, tr.slot) for tr in own]
         requests = [
             SampleRequest(
-                self.encode(tr.prompt + self.suffix),
-                s.max_response_tokens,
+                ids + forced,
+                max(1, s.max_response_tokens - len(forced)),
                 stop=self.stop,
                 role="agent",
                 group=self.groups[tr.slot] if self.groups else None,
             )
-            for tr in turns
+            for tr, ids, (_, forced) in zip(own, prompts, openers, strict=True)
         ]
         if self.predictor is not None:
             requests += self.predictor.requests()
@@ -97,22 +144,54 @@ class SamplerAgent:
         self.calls += 1
         self.generated_tokens += sum(len(r.token_ids) for r in results)
         if self.predictor is not None:
-            self.predictor.receive(results[len(turns) :], self.predictions)
+            self.predictor.receive(results[len(own) :], self.predictions)
+        for tr, ids, (text, forced), res in zip(own, prompts, openers, results[: len(own)], strict=True):
+            logprobs = [0.0] * len(forced) + list(res.logprobs)
+            self.sampled[tr.slot] = Answer(
+                ids, [*forced, *res.token_ids], logprobs, text + res.text, len(forced)
+            )
+        for slot, leader in replay.items():
+            self.sampled[slot] = self.sampled[leader]
+        self.replayed += len(replay)
         moves = []
-        for tr, req, res in zip(turns, requests[: len(turns)], results[: len(turns)], strict=True):
-            self.sampled[tr.slot] = (req.prompt_ids, res)
+        for tr in turns:
+            text = self.sampled[tr.slot].text
             if self.inline:
-                self.predictions[self.slot_offset + tr.slot][step] = [parse_inline_prediction(res.text)]
-            moves.append(Move(res.text))
+                self.predictions[self.slot_offset + tr.slot][step] = [parse_inline_prediction(text)]
+            moves.append(Move(text))
         return moves
 
+    def _replaying(self, step: int, turns: list[Turn]) -> dict[int, int]:
+        """follower slot -> its leader's slot, for the followers that replay their leader at `step`."""
+        if step >= self.settings.branch_at:
+            return {}
+        prompts = {tr.slot: tr.prompt for tr in turns}
+        out = {}
+        for tr in turns:
+            leader = self.branches[tr.slot][0]
+            if leader == tr.slot or tr.slot in self.strayed:
+                continue
+            if prompts.get(leader) == tr.prompt:
+                out[tr.slot] = leader
+            else:
+                self.strayed.add(tr.slot)
+        return out
+
+    def _opener(self, step: int, slot: int) -> tuple[str, list[int]]:
+        """The forced start (text, token ids) of `slot`'s answer at `step`: its branch's opener at the
+        branch step of a grouped slot with `branch_openers`, else nothing."""
+        grouped = bool(self.groups) and self.groups[slot] is not None
+        if self.openers and grouped and step == self.settings.branch_at:
+            return self.openers[self.branches[slot][1] % len(self.openers)]
+        return "", []
+
     def after_step(self, turn: Turn, traj: Trajectory, step: Step, sent: str) -> None:
-        prompt_ids, res = self.sampled.pop(turn.slot)
+        answer = self.sampled.pop(turn.slot)
         self.rows.append(
             Row(
-                prompt_ids=prompt_ids,
-                response_ids=list(res.token_ids),
-                logprobs=list(res.logprobs),
+                prompt_ids=answer.prompt_ids,
+                response_ids=list(answer.response_ids),
+                logprobs=list(answer.logprobs),
                 traj_id=traj.traj_id,
                 group_id=traj.group_id,
                 task_id=traj.task_id,
@@ -123,6 +202,7 @@ class SamplerAgent:
                 done=step.done,
                 anchor=turn.observation.anchor,
                 state=turn.observation.state,
+                forced_tokens=answer.forced,
             )
         )
         if self.predictor is not None:
@@ -198,6 +278,7 @@ def collect(
         "time_env": played.time_env,
         "prompts_truncated": encode.truncated,
         "agent_steps": len(agent.rows),
+        "replayed_answers": agent.replayed,
     }
     samples = predictor.samples if predictor is not None else []
     return RolloutResult(played.trajectories, agent.rows, predictions, stats, samples)

@@ -80,6 +80,9 @@ def check_resume(workdir: Path, record: dict) -> None:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a run record ({' '.join(str(err).split())}); delete it") from err
     now = record["config"]
+    # A key declared after the earlier run started is not in its record: that run played its default.
+    declared = {k: json.loads(json.dumps(key.default)) for k, key in CONFIG.keys() if k in now}
+    earlier = {**declared, **earlier}
     differ = [
         f"{key}={now.get(key)!r} (its run: {earlier.get(key)!r})"
         for key in sorted(set(now) | set(earlier), key=_order)

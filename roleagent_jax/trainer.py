@@ -281,7 +281,7 @@ class Trainer:
                 SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
                 jax.random.PRNGKey(c.seed + EVAL_KEY_OFFSET),
             )
-            settings = dataclasses.replace(self.settings, wia_mode="off")
+            settings = dataclasses.replace(self.settings, wia_mode="off", branch_at=0, branch_openers=False)
             result: RolloutResult = collect_all(
                 gen, self.family, envs, ids, ids, self.tokenizer, settings, c.seed
             )

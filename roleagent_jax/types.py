@@ -42,6 +42,8 @@ class RolloutSettings:
     wia_horizon: int  # wia.horizon
     wia_fraction: float  # wia.fraction
     wia_max_tokens: int  # wia.max_tokens
+    branch_at: int  # rollout.branch_at: a task group's slots share their first steps (0: none)
+    branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -56,13 +58,18 @@ class RolloutSettings:
             wia_horizon=c.wia.horizon,
             wia_fraction=c.wia.fraction,
             wia_max_tokens=c.wia.max_tokens,
+            branch_at=c.rollout.branch_at,
+            branch_openers=c.rollout.branch_openers,
         )
 
 
 @dataclass
 class Row:
     """One sampled answer as a training row: its token ids, the sampler's log-probs, and what the
-    advantages need (the episode, group, step, the hashed anchor state, reward and validity)."""
+    advantages need (the episode, group, step, the hashed anchor state, reward and validity).
+
+    `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
+    `rollout.branch_openers`); they condition the rest but carry no loss (their log-probs are 0)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -77,6 +84,7 @@ class Row:
     done: bool
     anchor: str = ""  # the anchor itself, for similarity clustering of step groups
     state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
+    forced_tokens: int = 0
 
 
 @dataclass

@@ -1024,6 +1024,22 @@ def test_a_resume_may_change_how_long_and_how_the_run_evaluates_logs_and_runs(tm
     check_resume(workdir, run_record(c, "a/copy/of/demo.py"))
 
 
+def test_a_key_declared_after_a_run_started_counts_as_its_default_on_resume(tmp_path):
+    """A run recorded before `rollout.branch_at` existed played without branching: it resumes with the
+    key's default and is refused with another value."""
+    from roleagent_jax.run_record import RUN_FILE, check_resume, run_record
+
+    workdir = recorded_workdir(tmp_path)
+    saved = json.loads((workdir / RUN_FILE).read_text())
+    del saved["config"]["rollout.branch_at"], saved["config"]["rollout.branch_openers"]
+    (workdir / RUN_FILE).write_text(json.dumps(saved))
+    c = load_config("demo")
+    check_resume(workdir, run_record(c, "configs/demo.py"))
+    c.rollout.branch_at = 1
+    with pytest.raises(ValueError, match=r"rollout.branch_at=1 \(its run: 0\)"):
+        check_resume(workdir, run_record(c, "configs/demo.py"))
+
+
 def test_the_keys_a_resume_may_change_are_documented():
     from roleagent_jax.run_record import RESUMABLE
 

@@ -68,6 +68,7 @@ def startup_errors(config: ConfigDict) -> list[str]:
         errors += FamilyOptions.errors(config, family)
         errors += _split_errors(config, family)
         errors += _warmstart_errors(config, family)
+        errors += _branch_errors(config, family)
         if config.env.data_required:
             errors += _data_errors(config)
     if config.checkpoint.overwrite and config.checkpoint.resume:
@@ -123,6 +124,23 @@ def _warmstart_errors(config: ConfigDict, family) -> list[str]:
         errors.append(
             f"--config.warmstart.own_games=True: the warm start draws its own games from a generated split "
             f"only; env.train_split={config.env.train_split!r} is real data"
+        )
+    return errors
+
+
+def _branch_errors(config: ConfigDict, family) -> list[str]:
+    """Branching that would do nothing or cannot be done: a shared prefix as long as every episode (every
+    rollout of a group then plays the same answers), or openers the family does not declare."""
+    r, errors = config.rollout, []
+    if r.branch_at >= config.env.max_steps:
+        errors.append(
+            f"--config.rollout.branch_at={r.branch_at}: must be below env.max_steps={config.env.max_steps}, "
+            "or every rollout of a task group plays the same answers"
+        )
+    if r.branch_openers and not family.action_openers:
+        errors.append(
+            f"--config.rollout.branch_openers=True: env.name={family.name!r} declares no action openers "
+            "(Family.action_openers)"
         )
     return errors
 

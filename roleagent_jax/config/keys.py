@@ -98,6 +98,13 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     Key("max_rows_per_call", 0, "sampler rows per call (0 = up to 256); lower it when prefill OOMs", ge=0),
     Key("backend", "jax", "what generates: the rollouts, evaluation and AIW's analyst (roleagent_jax.backends)",
         choices=tuple(BACKENDS)),
+    # Tree-style branching: a step group of GiGPO then holds G different answers at one state instead of
+    # the few that plain rollouts happen to share (search QA: a second search after the first).
+    Key("branch_at", 0, "a task group's rollouts share their first k steps (one samples them, the others "
+        "replay its answers) and branch at step k; 0 = plain rollouts; evaluation never branches", ge=0),
+    Key("branch_openers", False, "branch j's answer at step branch_at (0: the first) starts with the "
+        "family's action opener j (mod their number), forced and left out of the loss; the family must "
+        "declare openers"),
 ])  # fmt: skip
 
 ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [

@@ -218,6 +218,11 @@ class Family:
     action_stop: ClassVar[str] = "</action>"
     """The stop string that ends an agent answer (the sampler stops there; it may be cut off)."""
 
+    action_openers: ClassVar[tuple[str, ...]] = ()
+    """The strings an answer of each action kind starts with (search QA: "<search>", "<answer>"), or ()
+    where the family has none. With `rollout.branch_openers` the branches of a task group start their
+    answers with these in turn, so its step groups compare every kind of action."""
+
     empty_action: ClassVar[str] = ""
     """What the env receives when the response is unparsable and, stripped, empty (ALFWorld: "look")."""
 

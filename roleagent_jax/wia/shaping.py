@@ -83,7 +83,11 @@ def with_predictor_rows(
         i = at[(traj_id, step)]
         extra.append(
             dataclasses.replace(
-                rows[i], prompt_ids=prompt_ids, response_ids=list(res.token_ids), logprobs=list(res.logprobs)
+                rows[i],
+                prompt_ids=prompt_ids,
+                response_ids=list(res.token_ids),
+                logprobs=list(res.logprobs),
+                forced_tokens=0,
             )
         )
         extra_adv.append(adv[i])

@@ -35,7 +35,7 @@ from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
-from roleagent_jax.envs.search_qa.parser import SEARCH, VALIDITY_RULES, one_action, parse_turn
+from roleagent_jax.envs.search_qa.parser import ANSWER, SEARCH, VALIDITY_RULES, one_action, parse_turn
 from roleagent_jax.envs.search_qa.questions import DEFAULT_MIX, KINDS, generate_questions
 from roleagent_jax.envs.search_qa.reference_prompt import build_reference_prompt
 from roleagent_jax.envs.search_qa.tasks import DATASETS, QATask, check_dataset, dataset_file, load_flashrag
@@ -169,6 +169,8 @@ class SearchQA(Family):
     # The contract has one stop string and search QA needs two; searches stop here, answers end the
     # response by EOS (trained models emit it after </answer>) or at max_response_tokens.
     action_stop = "</search>"
+    # A branch forced to open one of these writes no <think> block first; both validity rules accept that.
+    action_openers = (f"<{SEARCH}>", f"<{ANSWER}>")
     empty_action = ""
     has_expert = True
     score_name = "em"

@@ -1,0 +1,208 @@
+"""Rollouts that branch at a chosen step (`rollout.branch_at`, `rollout.branch_openers`) on search QA,
+played in this process: before the branch step a task group's followers replay its leader's answers
+(no generation), at it every slot samples (each starting with the family's action opener of its branch),
+forced opener tokens carry no loss, and branch_at=0 is the plain rollout."""
+
+import dataclasses
+import random
+
+import jax
+import numpy as np
+import pytest
+from conftest import load_config
+from flax import nnx
+
+from roleagent_jax.config import CONFIG, validate
+from roleagent_jax.envs import get_family
+from roleagent_jax.envs.search_qa.parser import parse_turn
+from roleagent_jax.logprobs import make_logprob_fn
+from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
+from roleagent_jax.ppo import pack_rows, ppo_batch
+from roleagent_jax.rollout import branch_slots, collect
+from roleagent_jax.sampling import Sampler, SampleResult, SamplingParams
+from roleagent_jax.tokenizer import PromptEncoder, train_bpe_tokenizer
+from roleagent_jax.types import RolloutSettings
+
+FAMILY = get_family("search_qa").configured({"prompt": "compact"})
+DEFAULTS = RolloutSettings.from_config(CONFIG.build())
+TASKS = GROUPS = [0, 0, 0, 0, 1, 1, 1, 1]  # two questions, four rollouts each
+
+
+class LocalPool:
+    """The family's envs in this process, one per slot (what `EnvPool` runs in worker processes)."""
+
+    def __init__(self, pool, max_steps: int):
+        self.pool, self.max_steps = pool, max_steps
+
+    def reset(self, task_ids):
+        self.envs = [FAMILY.make_env(self.max_steps) for _ in task_ids]
+        return [env.reset(self.pool[t]) for env, t in zip(self.envs, task_ids)]
+
+    def step(self, actions):
+        return {i: self.envs[i].step(a) for i, a in actions.items()}
+
+
+class Scripted:
+    """A model that searches with a random query, and closes a block a forced opener started."""
+
+    def __init__(self, tok):
+        self.tok, self.rng, self.calls = tok, random.Random(0), []
+        self.openers = {o: tok.encode(o, add_special_tokens=False) for o in FAMILY.action_openers}
+
+    def __call__(self, requests):
+        self.calls.append(list(requests))
+        out = []
+        for r in requests:
+            text = f"<search>q{self.rng.randrange(1000)}</search>"
+            for opener, ids in self.openers.items():
+                if r.prompt_ids[-len(ids) :] == ids:
+                    text = f"q{self.rng.randrange(1000)}</search>" if "search" in opener else "Paris</answer>"
+            ids = self.tok.encode(text, add_special_tokens=False)
+            out.append(SampleResult(ids, [-0.1 * (k + 1) for k in range(len(ids))], text, "stop", r.role))
+        return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    pool = FAMILY.task_pool("gen_train", n=2, seed=0)
+    texts = [FAMILY.agent_prompt(t.goal, [], f"Question: {t.goal}", None, 0, 2) for t in pool.tasks]
+    tok = train_bpe_tokenizer((texts + ["<search>q12</search> <answer>Paris</answer>"]) * 20, 400,
+                              tmp_path_factory.mktemp("tok"))  # fmt: skip
+    return pool, tok
+
+
+def settings(**changes):
+    return dataclasses.replace(DEFAULTS, max_steps=3, max_prompt_tokens=512, max_response_tokens=8,
+                               wia_mode="off", **changes)  # fmt: skip
+
+
+def play(world, generate, envs=None, **changes):
+    pool, tok = world
+    return collect(generate, FAMILY, envs or LocalPool(pool, 3), TASKS, GROUPS, tok, settings(**changes))
+
+
+def at(result, step):
+    """The rows of one step, by trajectory."""
+    return {r.traj_id: r for r in result.rows if r.step_index == step}
+
+
+def test_each_slot_knows_its_leader_and_branch():
+    assert branch_slots([0, 0, None, 1, 0, 1]) == [(0, 0), (0, 1), (2, 0), (3, 0), (0, 2), (3, 1)]
+
+
+def test_followers_replay_the_leader_and_branches_open_each_action_kind(world):
+    _, tok = world
+    model = Scripted(tok)
+    result = play(world, model, branch_at=1, branch_openers=True)
+    assert [len(c) for c in model.calls[:2]] == [2, 8]  # step 0: one request per group, step 1: all
+    assert result.stats["replayed_answers"] == 6
+    first, branched = at(result, 0), at(result, 1)
+    for slot in range(8):
+        leader = first[slot - slot % 4]
+        same = (
+            first[slot].prompt_ids,
+            first[slot].response_ids,
+            first[slot].logprobs,
+            first[slot].forced_tokens,
+        )
+        assert same == (leader.prompt_ids, leader.response_ids, leader.logprobs, 0)
+    openers = [tok.encode(o, add_special_tokens=False) for o in FAMILY.action_openers]
+    for slot, request in enumerate(model.calls[1]):
+        row, opener = branched[slot], openers[slot % 2]
+        assert request.group == slot // 4 and request.prompt_ids == row.prompt_ids + opener
+        assert request.max_new_tokens == 8 - len(opener)
+        assert row.response_ids[: len(opener)] == opener and row.forced_tokens == len(opener)
+        assert row.logprobs[: len(opener)] == [0.0] * len(opener)
+    for g in (0, 1):
+        rows = [branched[s] for s in range(4 * g, 4 * g + 4)]
+        assert len({r.anchor_hash for r in rows}) == 1 and len({r.state for r in rows}) == 1
+    kinds = [parse_turn(t.steps[1].response).kind for t in result.trajectories]
+    assert kinds == ["search", "answer"] * 4  # every step group compares searching again with answering
+    assert all(r.forced_tokens == 0 for r in at(result, 2).values())  # only the branch step is forced
+
+
+def test_a_follower_whose_observation_differs_samples_on_its_own(world):
+    pool, tok = world
+
+    class Drifting(LocalPool):
+        def step(self, actions):
+            out = super().step(actions)
+            if 1 in out:
+                out[1] = dataclasses.replace(out[1], text=out[1].text + " (again)")
+            return out
+
+    model = Scripted(tok)
+    result = play(world, model, Drifting(pool, 3), branch_at=2)
+    assert [len(c) for c in model.calls] == [2, 3, 8]  # step 1: the leaders and slot 1
+    assert result.stats["replayed_answers"] == 6 + 5
+    assert at(result, 1)[2].response_ids == at(result, 1)[0].response_ids != at(result, 1)[1].response_ids
+
+
+def test_branch_at_zero_is_the_plain_rollout(world):
+    _, tok = world
+    model = Scripted(tok)
+    result = play(world, model)
+    encode = PromptEncoder(tok, 512)
+    assert result.stats["replayed_answers"] == 0 and len(model.calls) == 3
+    for step, requests in enumerate(model.calls):
+        rows = list(at(result, step).values())
+        assert len(requests) == len(rows)  # one request per slot still playing
+        for request, row in zip(requests, rows):
+            traj = result.trajectories[row.traj_id]
+            prompt = FAMILY.agent_prompt(traj.goal, [(s.observation, s.action) for s in traj.steps[:step]],
+                                         traj.steps[step].observation, None, step, DEFAULTS.history_k)  # fmt: skip
+            assert request.prompt_ids == row.prompt_ids == encode(prompt)
+            assert request.max_new_tokens == 8 and request.group == row.group_id
+            assert row.forced_tokens == 0
+
+
+def test_branches_keep_the_policys_log_probs_and_forced_tokens_weigh_nothing(world):
+    """A random model on the real sampler: each row's sampled log-probs are the training forward's of its
+    prompt, forced opener and sampled tokens, and the packed batch leaves the opener out of the loss."""
+    _, tok = world
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
+    keys = iter(jax.random.split(jax.random.key(0), 8))
+
+    def generate(requests):
+        return sampler.generate(params, requests, SamplingParams(), next(keys))
+
+    result = play(world, generate, branch_at=1, branch_openers=True)
+    first, branched = at(result, 0), at(result, 1)
+    assert all(first[s].response_ids == first[s - s % 4].response_ids for s in range(8))
+    assert all(first[s].logprobs == first[s - s % 4].logprobs for s in range(8))
+    assert len({tuple(r.response_ids) for r in branched.values()}) == 8
+    openers = {len(tok.encode(o, add_special_tokens=False)) for o in FAMILY.action_openers}
+    assert {r.forced_tokens for r in branched.values()} == openers
+
+    rows = result.rows
+    packed = ppo_batch(rows, np.zeros(len(rows), np.float32), pad_id=tok.pad_token_id, max_prompt=512,
+                       max_response=8, mini_batch_rows=len(rows),
+                       old_logprobs=lambda batch: np.asarray(make_logprob_fn(graphdef)(params, batch)))  # fmt: skip
+    sampled = pack_rows([r.prompt_ids for r in rows], [r.response_ids for r in rows], tok.pad_token_id,
+                        response_logprobs=[r.logprobs for r in rows],
+                        forced_tokens=[r.forced_tokens for r in rows])["sampler_logprobs"]  # fmt: skip
+    np.testing.assert_allclose(packed["old_logprobs"], sampled, atol=1e-4)
+    start = max(len(r.prompt_ids) for r in rows)  # where every response begins on the grid
+    for i, r in enumerate(rows):
+        weights = packed["loss_mask"][i, start : start + len(r.response_ids)]
+        assert weights.tolist() == [0.0] * r.forced_tokens + [1.0] * (len(r.response_ids) - r.forced_tokens)
+        assert not packed["old_logprobs"][i, start : start + r.forced_tokens].any()
+
+
+def test_branching_that_cannot_work_is_refused_at_start_up():
+    c = load_config("base")  # ALFWorld: no action openers
+    c.rollout.branch_openers = True
+    c.rollout.branch_at = c.env.max_steps
+    with pytest.raises(ValueError) as err:
+        validate(c)
+    assert "--config.rollout.branch_openers=True: env.name='alfworld' declares no action openers" in str(
+        err.value
+    )
+    assert f"--config.rollout.branch_at={c.env.max_steps}: must be below env.max_steps" in str(err.value)
+    qa = load_config("search_qa_demo")
+    qa.model.path, qa.model.required = "", False
+    qa.rollout.branch_at, qa.rollout.branch_openers = 1, True
+    validate(qa)
