@@ -24,7 +24,15 @@ from roleagent_jax.sharding import shard_model
 from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
 from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
 from roleagent_jax.types import Trajectory
-from roleagent_jax.warmstart import Example, examples_from_episodes, expert_episodes, run_sft, target_ids
+from roleagent_jax.warmstart import (
+    Example,
+    episode_examples,
+    expert_episodes,
+    longer_than_median,
+    repeat_long_episodes,
+    run_sft,
+    target_ids,
+)
 
 EXPERT_MAX_STEPS = 50  # the expert plays to the end even when RL episodes are cut shorter
 
@@ -134,10 +142,21 @@ class Experts:
     def examples(self) -> list[Example]:
         if self._examples is None:  # built once: the tokenizer of a new model reads them, then the warm start
             c = self.config
-            self._examples = examples_from_episodes(
-                self.trajectories(), self.family, c.env.history_k, c.wia.horizon,
+            trajs, repeat = self.trajectories(), c.warmstart.long_repeat
+            blocks = episode_examples(
+                trajs, self.family, c.env.history_k, c.wia.horizon,
                 predictor=c.warmstart.predictor, predictor_fraction=c.warmstart.predictor_fraction,
             )  # fmt: skip
+            long, median = longer_than_median(trajs)
+            self._examples = repeat_long_episodes(blocks, long, repeat)
+            if repeat > 1 and distributed.is_main_process():
+                n_long = sum(len(b) for b, is_long in zip(blocks, long) if is_long)
+                print(
+                    f"warm start: {sum(long)} of {sum(t.won for t in trajs)} won expert episodes longer "
+                    f"than the median ({median:g} steps), their {n_long} examples x{repeat}: "
+                    f"{n_long * repeat} of {len(self._examples)} examples",
+                    flush=True,
+                )
         return self._examples
 
 

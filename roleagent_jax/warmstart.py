@@ -101,30 +101,74 @@ def examples_from_episodes(
     horizon: int,
     predictor: bool,
     predictor_fraction: float = 1.0,
+    long_repeat: int = 1,
 ) -> list[Example]:
     """Agent examples (prompt -> the expert's answer) and predictor examples (-> the next H observations).
 
     `predictor_fraction` keeps that share of the predictor examples (a fixed, evenly spread subset): their
     long targets would otherwise take most of a tiny model's capacity away from acting.
+
+    `long_repeat` > 1 gives the examples of each won episode longer than the median one that many times
+    (`repeat_long_episodes`); 1 gives each example once.
     """
-    out = []
+    blocks = episode_examples(trajs, family, history_k, horizon, predictor, predictor_fraction)
+    return repeat_long_episodes(blocks, longer_than_median(trajs)[0], long_repeat)
+
+
+def episode_examples(
+    trajs: Sequence[Trajectory],
+    family: Family,
+    history_k: int,
+    horizon: int,
+    predictor: bool,
+    predictor_fraction: float = 1.0,
+) -> list[list[Example]]:
+    """The examples of `examples_from_episodes`, one list per episode (empty for a lost one), each
+    example once."""
+    out: list[list[Example]] = []
     kept = 0.0
     for traj in trajs:
+        block: list[Example] = []
+        out.append(block)
         if not traj.won:
             continue
         history: list[tuple[str, str]] = []
         for t, step in enumerate(traj.steps):
             prompt = family.agent_prompt(traj.goal, history, step.observation, step.admissible, t, history_k)
-            out.append(Example(prompt, step.response, "agent"))  # the expert's answer for this state
+            block.append(Example(prompt, step.response, "agent"))  # the expert's answer for this state
             kept += predictor_fraction
             if predictor and kept >= 1.0:
                 kept -= 1.0
                 future = [s.next_observation for s in traj.steps[t : t + horizon]]
                 recent = history[-history_k:] if history_k else []
                 p_prompt = family.predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
-                out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
+                block.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
             history.append((step.observation, step.action))
     return out
+
+
+def longer_than_median(trajs: Sequence[Trajectory]) -> tuple[list[bool], float]:
+    """For each episode, whether it is won in more steps than the median won episode; and that median
+    (0 when none is won)."""
+    won = [len(t.steps) for t in trajs if t.won]
+    median = float(np.median(won)) if won else 0.0
+    return [t.won and len(t.steps) > median for t in trajs], median
+
+
+def repeat_long_episodes(blocks: Sequence[list[Example]], long: Sequence[bool], repeat: int) -> list[Example]:
+    """The episodes' examples in order, those of a `long` episode `repeat` times (the copies side by side).
+
+    An expert's plans mostly have one length and more rarely a longer one (search then answer, and for
+    a question that needs it, a second search before the answer). Imitation then sees the decision only
+    the longer plans hold (search again instead of answering) on few examples, and the warm-started model
+    nearly always takes the common plan. Copies of the long episodes' examples weight that decision up;
+    the warm start's steps stay the same, so an epoch over the examples gets longer.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    return [
+        e for block, is_long in zip(blocks, long, strict=True) for e in block * (repeat if is_long else 1)
+    ]
 
 
 def target_ids(tokenizer, text: str, end_turn: bool) -> list[int]:

@@ -264,6 +264,7 @@ def base_config():
         ("optim.warmup_steps", -1),
         ("warmstart.n_games", -1),
         ("warmstart.predictor_fraction", 1.5),
+        ("warmstart.long_repeat", 0),
         ("aiw.max_tokens", 0),
         ("tokenizer.train_vocab_size", 100),
         ("env.gen.n_train", 0),
@@ -995,7 +996,7 @@ def test_resuming_a_workdir_with_another_config_is_refused_before_anything_is_wr
 @pytest.mark.parametrize(
     "key,value",
     [("model.path", "/models/other"), ("tokenizer.path", "/tok"), ("algo", "grpo"), ("lora.rank", 4),
-     ("env.alfworld.num_objects", (2, 3)), ("rollout.group_size", 4)],
+     ("env.alfworld.num_objects", (2, 3)), ("rollout.group_size", 4), ("warmstart.long_repeat", 3)],
 )  # fmt: skip
 def test_a_resume_that_changes_what_the_checkpoints_mean_names_the_key(tmp_path, key, value):
     from roleagent_jax.run_record import check_resume, run_record

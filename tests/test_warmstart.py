@@ -243,3 +243,128 @@ def test_a_constant_warm_start_takes_the_steps_of_torch_adamw_on_the_same_rows(t
     close = np.allclose(losses, expected, rtol=2e-3)
     assert losses[0] == pytest.approx(expected[0], rel=1e-5)
     assert close == (schedule == "constant"), (losses, expected)
+
+
+def _examples_as_before(trajs, family, history_k, horizon, predictor, predictor_fraction=1.0):
+    """`examples_from_episodes` as it was before long episodes could be repeated (the reference)."""
+    from roleagent_jax import wia
+    from roleagent_jax.warmstart import Example
+
+    out, kept = [], 0.0
+    for traj in trajs:
+        if not traj.won:
+            continue
+        history = []
+        for t, step in enumerate(traj.steps):
+            prompt = family.agent_prompt(traj.goal, history, step.observation, step.admissible, t, history_k)
+            out.append(Example(prompt, step.response, "agent"))
+            kept += predictor_fraction
+            if predictor and kept >= 1.0:
+                kept -= 1.0
+                future = [s.next_observation for s in traj.steps[t : t + horizon]]
+                recent = history[-history_k:] if history_k else []
+                p_prompt = family.predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
+                out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
+            history.append((step.observation, step.action))
+    return out
+
+
+SEARCH_QA = get_family("search_qa")
+
+
+@pytest.fixture(scope="module")
+def qa_episodes():
+    """Expert episodes of a small generated search-QA pool: 2 steps (search, answer) or 3 (a second
+    search first), and one lost episode the warm start leaves out."""
+    pool = SEARCH_QA.task_pool("gen_train", n=24, seed=3)
+    with EnvPool(SEARCH_QA, pool, num_workers=1, max_steps=50) as envs:
+        trajs = expert_episodes(SEARCH_QA, envs, list(range(len(pool))), 50)
+    lost = dataclasses.replace(trajs[-1], won=False)
+    return pool, [*trajs[:-1], lost]
+
+
+def test_with_repeat_1_the_examples_are_those_of_before(pool, qa_episodes):
+    with EnvPool(ALFWORLD, pool, num_workers=2, max_steps=50) as envs:
+        trajs = expert_episodes(ALFWORLD, envs, list(range(len(pool))), 50, explore=0.4, seed=1)
+    cases = [(ALFWORLD, trajs), (SEARCH_QA, qa_episodes[1])]
+    for family, episodes in cases:
+        for predictor, fraction in ((True, 1.0), (True, 0.4), (False, 1.0)):
+            args = (episodes, family, 2, 2, predictor, fraction)
+            assert examples_from_episodes(*args) == _examples_as_before(*args)
+            assert examples_from_episodes(*args, long_repeat=1) == _examples_as_before(*args)
+
+
+def test_the_examples_of_episodes_longer_than_the_median_come_3_times(qa_episodes):
+    from collections import Counter
+
+    from roleagent_jax.warmstart import episode_examples, longer_than_median
+
+    pool, trajs = qa_episodes
+    won = [t for t in trajs if t.won]
+    assert {len(t.steps) for t in won} == {2, 3}
+    long, median = longer_than_median(trajs)
+    assert median == np.median([len(t.steps) for t in won])
+    assert long == [t.won and len(t.steps) == 3 for t in trajs] and 0 < sum(long) < len(won)
+    assert all(t.steps[1].response.startswith("<search>") for t, is_long in zip(trajs, long) if is_long)
+    multi_hop = {"bridge", "bridge3", "comparison"}
+    assert {pool[t.task_id].type for t, is_long in zip(trajs, long) if is_long} <= multi_hop
+    args = (trajs, SEARCH_QA, 2, 2, True, 0.5)
+    once = examples_from_episodes(*args)
+    weighted = examples_from_episodes(*args, long_repeat=3)
+    counts = Counter((e.prompt, e.target, e.role) for e in weighted)
+    blocks = episode_examples(*args)
+    assert not blocks[-1] and not long[-1]  # the lost episode gives no example
+    for block, is_long in zip(blocks, long):
+        for e in block:
+            assert counts[(e.prompt, e.target, e.role)] == (3 if is_long else 1)
+    n_long = sum(len(b) for b, is_long in zip(blocks, long) if is_long)
+    roles = {e.role for b, is_long in zip(blocks, long) if is_long for e in b}
+    assert n_long and roles == {"agent", "predictor"}
+    assert len(weighted) == len(once) + 2 * n_long
+    assert [e for e in weighted if counts[(e.prompt, e.target, e.role)] == 1] == [
+        e for e in once if counts[(e.prompt, e.target, e.role)] == 1
+    ]  # the others keep their order
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        examples_from_episodes(*args, long_repeat=0)
+
+
+def test_the_warm_start_says_how_many_examples_the_long_episodes_give(qa_episodes, tmp_path, capsys):
+    from conftest import load_config
+
+    from roleagent_jax.run_setup import Experts
+
+    pool, trajs = qa_episodes
+    c = load_config("base")
+    c.env.name = "search_qa"
+    for repeat in (1, 3):
+        c.warmstart.long_repeat = repeat
+        experts = Experts(c, SEARCH_QA, pool, tmp_path)
+        experts._trajectories = trajs  # the expert's games, already played
+        examples = experts.examples()
+        printed = capsys.readouterr().out
+        assert examples == examples_from_episodes(
+            trajs, SEARCH_QA, c.env.history_k, c.wia.horizon, c.warmstart.predictor,
+            c.warmstart.predictor_fraction, long_repeat=repeat,
+        )  # fmt: skip
+    from roleagent_jax.warmstart import longer_than_median
+
+    won, median = sum(t.won for t in trajs), longer_than_median(trajs)[1]
+    line = [s for s in printed.splitlines() if "longer than the median" in s]
+    assert len(line) == 1 and re.fullmatch(
+        rf"warm start: \d+ of {won} won expert episodes longer than the median \({median:g} steps\), their \d+ "
+        rf"examples x3: \d+ of {len(examples)} examples",
+        line[0],
+    ), printed
+
+
+def test_long_repeat_below_1_is_refused_in_one_line_naming_it():
+    from conftest import load_config
+
+    from roleagent_jax.config import validate
+
+    c = load_config("base")
+    c.warmstart.long_repeat = 0
+    with pytest.raises(ValueError) as err:
+        validate(c)
+    lines = [s for s in str(err.value).splitlines() if "long_repeat" in s]
+    assert len(lines) == 1 and "--config.warmstart.long_repeat=0" in lines[0] and ">= 1" in lines[0]

@@ -205,6 +205,8 @@ WARMSTART = Section("warmstart", "supervised warm start on expert trajectories (
     Key("predictor", True, "also teach the predictor role"),
     Key("predictor_fraction", 1.0, "share of expert steps that also give a predictor example",
         ge=0.0, le=1.0),
+    Key("long_repeat", 1, "copies of the examples of expert episodes longer than the median one: a rarer "
+        "multi-step plan (a second search) gets weight (1 = each example once)", ge=1),
     Key("end_turn", False, "each target ends with the tokenizer's EOS, as a chat model's turn ends: search "
         "QA's answers (no stop string) then end there instead of running to max_response_tokens"),
 ])  # fmt: skip
