@@ -21,7 +21,9 @@ default grpo gigpo roleagent). Per seed, one warm start (shared by the algorithm
 the same model) and one
 evaluation of it; then each algorithm runs the demo's RL budget and is evaluated on the held-out
 generated pools. Prints the table (mean +- standard error over seeds) and each algorithm's gain over its own seed's
-warm start (paired); last line: one JSON object.
+warm start (paired); last line: one JSON object. A family that reports behaviour rates (search QA: how
+often an episode searched a second time, on the questions that need one and on the others) gets a line
+per model with each rate per seed, and `behaviour_per_seed` in the JSON.
 
 A model's score moves by several points from one panel of tasks to another. `--panel N` also plays
 every final model (and each warm start) on N fresh held-out tasks, once per sampling seed 1..draws,
@@ -166,6 +168,7 @@ def main() -> None:
     root = Path(args.workdir).absolute()
     table: dict[str, dict[str, list[float]]] = {a: {} for a in ("warm start", *dict.fromkeys(args.algos))}
     wins: dict[str, dict[str, list[list[int]]]] = {a: {} for a in table}  # per seed, per game
+    behaviour: dict[str, dict[str, list[dict]]] = {a: {} for a in table}  # per seed: the family's rates
     panel_name = f"panel_{args.panel}"
     start = time.perf_counter()
     pool = None
@@ -213,11 +216,13 @@ def main() -> None:
             for split, res in summary["eval"]["after"].items():
                 table[algo].setdefault(split, []).append(res["success"])
                 wins[algo].setdefault(split, []).append(res.get("wins", []))
+                behaviour[algo].setdefault(split, []).append(res.get("behaviour", {}))
             print(f"seed {seed} {algo}: " + json.dumps(brief(summary["eval"]["after"])), flush=True)
             models[algo] = Path(summary["final_model"])
         for split, res in warm_before.items():
             table["warm start"].setdefault(split, []).append(res["success"])
             wins["warm start"].setdefault(split, []).append(res.get("wins", []))
+            behaviour["warm start"].setdefault(split, []).append(res.get("behaviour", {}))
         if pool is not None:
             for name, model_dir in models.items():
                 score = panel_success(model_dir, pool, base, args.draws, panel_split)
@@ -234,6 +239,11 @@ def main() -> None:
         if all(wins[algo].get(s) and all(wins[algo][s]) for s in splits)
         and (args.one_warmstart or args.warmstart)
     }
+    behaviour_per_seed = reported(behaviour)
+    if behaviour_per_seed:
+        print(f"\nbehaviour on held-out tasks, by the family's own measure (each value: per seed, {n} seeds)")
+        for line in behaviour_lines(behaviour_per_seed):
+            print(line)
     if per_game:
         print(f"\ngain over the warm start, points, paired per game (mean of {n} seeds +- SE over games)")
         for algo, row in per_game.items():
@@ -257,9 +267,33 @@ def main() -> None:
             "success_mean_se": out,
             "success_per_seed": per_seed,
             "gain_paired_per_game": per_game,
+            "behaviour_per_seed": behaviour_per_seed,
             "wall_s": time.perf_counter() - start,
         }
     )
+
+
+def reported(behaviour: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, list[dict]]]:
+    """The models and splits whose evaluations reported behaviour rates (`evaluate.summarize`'s
+    `behaviour`), each with its per-seed dicts; {} when the family reports none."""
+    kept = {name: {s: v for s, v in row.items() if any(v)} for name, row in behaviour.items()}
+    return {name: row for name, row in kept.items() if row}
+
+
+def behaviour_lines(behaviour: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """One line per model: for each split, each rate with its value per seed ("-" where a seed's
+    evaluation did not report it)."""
+    from roleagent_jax.evaluate import behaviour_value
+
+    lines = []
+    for name, row in behaviour.items():
+        cells = []
+        for split, per_seed in row.items():
+            keys = dict.fromkeys(k for b in per_seed for k in b)
+            values = {k: "/".join(behaviour_value(b[k]) if k in b else "-" for b in per_seed) for k in keys}
+            cells.append(f"{split}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
+        lines.append(f"{name:12s}" + "; ".join(cells))
+    return lines
 
 
 def brief(evals: dict) -> dict:

@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -114,6 +114,7 @@ def summarize(
     task_types: Sequence[str],
     score_name: str = "score",
     pool: TaskPool | None = None,
+    family: Family | None = None,
 ) -> dict:
     """Success overall and per task type (in the family's order), plus a few diagnostics: the one
     summary of an evaluation, for this command, the trainer's evaluations and the report. Families that
@@ -121,7 +122,8 @@ def summarize(
     standard error (`<score_name>_se`) and the mean per type (`per_type_<score_name>`); an episode that
     ended without a score counts 0. With the pool, the games whose environment failed, by name and reason.
     `wins` lists each game's outcome in task-id order, so two evaluations of the same games pair up (the paired
-    difference's standard error, a fixed subset's rate)."""
+    difference's standard error, a fixed subset's rate). With the family and the pool, `behaviour` holds
+    the family's rates of what the episodes did (`Family.behaviour`), where it reports any."""
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -146,14 +148,27 @@ def summarize(
         out[score_name] = sum(every) / n
         out[f"{score_name}_se"] = statistics.stdev(every) / math.sqrt(n) if n > 1 else 0.0
         out[f"per_type_{score_name}"] = {k: sum(v) / len(v) for k, v in scores.items()}
+    behaviour = family.behaviour(trajs, pool) if family is not None and pool is not None else {}
+    if behaviour:
+        out["behaviour"] = dict(behaviour)
     return out
+
+
+def behaviour_value(value: float) -> str:
+    """One `behaviour` number as the tables print it: a count (an int) as it is, a rate to three decimals."""
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def behaviour_text(behaviour: Mapping[str, float]) -> str:
+    """A `behaviour` dict in one line of `name value` pairs."""
+    return ", ".join(f"{k} {behaviour_value(v)}" for k, v in behaviour.items())
 
 
 def evaluate(policy: Policy, family: Family, task_pool: TaskPool, split: str = "", **settings: Any) -> dict:
     """`summarize` of `evaluate_trajectories` (whose keyword settings it takes): every task of the pool
     once, or the first `limit`."""
     trajs = evaluate_trajectories(policy, family, task_pool, **settings)
-    return summarize(split, trajs, family.task_types, family.score_name, task_pool)
+    return summarize(split, trajs, family.task_types, family.score_name, task_pool, family)
 
 
 def evaluate_trajectories(
@@ -547,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict:
         limit=args.limit,
         log=log,
     )
-    summary = summarize(args.split, trajs, family.task_types, family.score_name, pool)
+    summary = summarize(args.split, trajs, family.task_types, family.score_name, pool, family)
     if args.episodes is not None:
         try:
             write_episodes(args.episodes, trajs)
@@ -561,6 +576,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{t:34s} {v:6.1%}{extra}  ({summary['count_per_type'][t]} tasks)")
         extra = f"  {name} {summary[name]:6.1%}" if scores else ""
         print(f"{'all':34s} {summary['success']:6.1%}{extra}  ({summary['n']} tasks)")
+        if summary.get("behaviour"):
+            print(f"{'behaviour':34s} {behaviour_text(summary['behaviour'])}")
         for game in summary["failed_games"]:
             print(f"environment failed (counted as a loss): {game['task']}: {game['reason']}")
     print(json.dumps(summary), flush=True)

@@ -271,7 +271,7 @@ class Trainer:
 
     def evaluate(self, split: str, limit: int = 0) -> dict:
         """Every game of `split` once (fixed panel), sampled at the eval temperature: `evaluate.summarize`
-        of the episodes (success per type, the family's score, diagnostics)."""
+        of the episodes (success per type, the family's score and behaviour rates, diagnostics)."""
         c = self.config
         pool = self.eval_pools.get(split) or self._eval_pool(split)
         ids = list(range(len(pool)))[: limit or None]
@@ -286,7 +286,8 @@ class Trainer:
                 gen, self.family, envs, ids, ids, self.tokenizer, settings, c.seed
             )
         setup.print_failed(f"evaluation on {split}", result.trajectories, pool)
-        return summarize(split, result.trajectories, self.family.task_types, self.family.score_name, pool)
+        f = self.family
+        return summarize(split, result.trajectories, f.task_types, f.score_name, pool, f)
 
     def _eval_pool(self, split: str):
         return setup.eval_pool(self.config, self.family, split, self.workdir, self.train_pool)

@@ -113,3 +113,30 @@ def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics(
         "eval/test/all",
         "eval/test/games",
     }
+
+
+class Counting(type(ALFWORLD)):
+    """ALFWorld with its own behaviour rate: the share of episodes that took more than two steps."""
+
+    def behaviour(self, trajs, pool):
+        return {"long": sum(len(t.steps) > 2 for t in trajs) / len(trajs)} if trajs else {}
+
+
+def test_the_summary_carries_the_family_behaviour_rates_only_where_it_reports_some():
+    """`behaviour` holds the family's rates of what the episodes did; a family without the hook (the
+    default gives {}) leaves the summary as it was, and so does a summary made without family or pool."""
+    from roleagent_jax.envs.base import Task, TaskPool
+
+    pool = TaskPool([Task(f"t{i}", "look_at_obj_in_light", "goal") for i in range(2)])
+    rs = [episode(0, "look_at_obj_in_light", True, 5, 0), episode(1, "look_at_obj_in_light", False, 1, 0)]
+    plain = ev.summarize("x", rs, ALFWORLD.task_types, pool=pool)
+    assert ALFWORLD.behaviour(rs, pool) == {}
+    assert ev.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=ALFWORLD) == plain
+    assert "behaviour" not in plain
+    rated = ev.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=Counting())
+    assert rated == {**plain, "behaviour": {"long": 0.5}}
+    assert "behaviour" not in ev.summarize("x", rs, ALFWORLD.task_types, family=Counting())  # no pool
+    assert (
+        ev.behaviour_text({"rate": 0.25, "count": 12, "all": 1.0, "third": 1 / 3})
+        == "rate 0.250, count 12, all 1.000, third 0.333"
+    )

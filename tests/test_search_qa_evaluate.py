@@ -18,9 +18,18 @@ def test_expert_and_random_on_generated_questions(capsys, tmp_path):
     expert, lines = _run(capsys, "--policy=expert", "--split=gen_test", "--gen-n=20", f"--gen-dir={tmp_path}")
     assert expert["n"] == 20 and expert["em"] == 1.0 and expert["invalid_rate"] == 0.0
     assert set(expert["per_type_em"]) == {"single_hop", "bridge", "bridge3", "comparison"}
-    assert lines[-2].startswith("all") and "em 100.0%" in lines[-2]
+    assert lines[-3].startswith("all") and "em 100.0%" in lines[-3]
+    # the expert searches a second time exactly on the questions whose plan needs one
+    behaviour = expert["behaviour"]
+    assert behaviour["second_search_needed"] == 1.0 and behaviour["second_search_not_needed"] == 0.0
+    assert behaviour["needs_second_search"] + behaviour["needs_no_second_search"] == 20
+    assert (
+        lines[-2].startswith("behaviour")
+        and "second_search_needed 1.000, second_search_not_needed 0.000" in lines[-2]
+    )
     rnd, _ = _run(capsys, "--policy=random", "--split=gen_test", "--gen-n=20", "--quiet")
     assert rnd["n"] == 20 and rnd["em"] < 0.1 and rnd["mean_steps"] <= 4
+    assert 0.0 <= rnd["behaviour"]["second_search_needed"] <= 1.0
 
 
 def test_a_real_dataset_file_with_a_local_corpus(capsys, tmp_path):
@@ -39,6 +48,8 @@ def test_a_real_dataset_file_with_a_local_corpus(capsys, tmp_path):
     assert summary["n"] == 2 and summary["split"] == "hotpotqa"
     assert list(summary["per_type_em"]) == ["hotpotqa"] and 0.0 <= summary["em"] <= 1.0
     assert lines[-3].startswith("hotpotqa")
+    assert "behaviour" not in summary  # a real data set's questions have no expert plan
+    assert not any(line.startswith("behaviour") for line in lines)
 
 
 def test_episodes_file_holds_each_episode_as_played(capsys, tmp_path):

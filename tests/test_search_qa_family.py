@@ -1,14 +1,16 @@
-"""Search QA through the environment contract: registry, task pools, the env adapter, prompts, AIW."""
+"""Search QA through the environment contract: registry, task pools, the env adapter, prompts, AIW and
+the evaluation's second-search rates."""
 
 import json
 import pickle
 
 import pytest
 
-from roleagent_jax.envs.base import Observation, get_family, registered
+from roleagent_jax.envs.base import Observation, Task, TaskPool, get_family, registered
 from roleagent_jax.envs.search_qa import load_corpus, load_flashrag
 from roleagent_jax.envs.search_qa.family import SearchQA
 from roleagent_jax.envs.search_qa.questions import KINDS
+from roleagent_jax.envs.search_qa.second_search import count_searches
 from roleagent_jax.envs.search_qa.tasks import DATASETS
 from roleagent_jax.types import Step, Trajectory
 
@@ -195,3 +197,64 @@ def test_aiw_side(family):
     assert family.pattern_name("musique") == "multi-hop question"
     assert "follow three passages" in family.pattern_text("bridge3")
     assert all(t in family.failure_types for _, t in family.failure_keywords)
+
+
+def _episode(task_id: int, task_type: str, actions, env_failed: bool = False) -> Trajectory:
+    steps = [Step("o", None, a or "junk", a, a is not None, 0.0, "o") for a in actions]
+    return Trajectory(task_id, task_type, "q", steps, env_failed=env_failed)
+
+
+def test_an_action_counts_as_a_search_when_the_env_plays_it_as_one():
+    actions = ["<search>a</search>", "<think>x</think><search> b </search>", None, "<answer>c</answer>"]
+    assert count_searches(actions) == 2 and count_searches(["nothing", "<search></search>"]) == 0
+    assert count_searches(()) == 0
+
+
+def test_second_search_rates_over_expert_and_one_search_episodes(family):
+    """A task needs a second search when its expert plan holds two or more; an episode made one when its
+    played actions do. Episodes played as the plans say search twice exactly where it is needed; one
+    search on every task makes no second search anywhere."""
+    pool = family.task_pool("gen_test", n=12, seed=0)
+    needs = [count_searches(t.expert_plan) >= 2 for t in pool.tasks]
+    assert 0 < sum(needs) < len(pool)  # both kinds (single hops and most bridges need one search)
+    counts = {
+        "needs_second_search": sum(needs),
+        "needs_no_second_search": len(pool) - sum(needs),
+    }
+    expert = [_episode(i, t.type, t.expert_plan) for i, t in enumerate(pool.tasks)]
+    rates = family.behaviour(expert, pool)
+    assert isinstance(rates["needs_second_search"], int) and isinstance(rates["second_search_needed"], float)
+    assert rates == {
+        "second_search_needed": 1.0,
+        "second_search_not_needed": 0.0,
+        **counts,
+    }
+    once = [_episode(i, t.type, [t.expert_plan[0], "<answer>x</answer>"]) for i, t in enumerate(pool.tasks)]
+    assert family.behaviour(once, pool) == {
+        "second_search_needed": 0.0,
+        "second_search_not_needed": 0.0,
+        **counts,
+    }
+    # half the needing tasks searched twice (an invalid turn between the searches counts for nothing)
+    needing = [i for i, n in enumerate(needs) if n]
+    twice = [_episode(i, "bridge", ["<search>a</search>", None, "<search>b</search>"]) for i in needing[:1]]
+    once_more = [_episode(i, "bridge", ["<search>a</search>", None]) for i in needing[1:2]]
+    assert family.behaviour(twice + once_more, pool) == {
+        "second_search_needed": 0.5,
+        "needs_second_search": 2,
+        "needs_no_second_search": 0,
+    }  # no episode on a task that needs one search: that rate is left out
+
+
+def test_tasks_without_an_expert_plan_and_failed_environments_are_left_out(family):
+    plan = ("<search>a</search>", "<search>b</search>", "<answer>c</answer>")
+    pool = TaskPool([Task("q0", "hotpotqa", "q"), Task("q1", "bridge", "q", expert_plan=plan)])
+    real = _episode(0, "hotpotqa", ["<search>a</search>", "<search>b</search>"])
+    assert family.behaviour([real], pool) == {}  # a real data set's question has no plan
+    failed = _episode(1, "bridge", plan, env_failed=True)
+    assert family.behaviour([real, failed], pool) == {}
+    assert family.behaviour([real, _episode(1, "bridge", plan)], pool) == {
+        "second_search_needed": 1.0,
+        "needs_second_search": 1,
+        "needs_no_second_search": 0,
+    }

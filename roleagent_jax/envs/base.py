@@ -13,8 +13,9 @@ names in this module, so adding a family is one package under `roleagent_jax/env
   (the AIW sampler draws indices, `EnvPool.reset` plays `pool.tasks[i]`). `PoolRequest`: the
   arguments of one `Family.task_pool` call, as the family's pool hooks see them.
 - `Family`: the base class a family subclasses: its name and task types, how to build its env and
-  its task pools, the agent's prompt and action parser, the WIA predictor framing and the AIW pieces
-  (failure taxonomy, heuristic analyser, goal abstraction for retrieval).
+  its task pools, the agent's prompt and action parser, its own rates of what evaluated episodes did,
+  the WIA predictor framing and the AIW pieces (failure taxonomy, heuristic analyser, goal abstraction
+  for retrieval).
 - The registry: `register`, `registered`, `get_family`.
 
 This module imports nothing heavy (no JAX, no engine): workers and tests import it freely.
@@ -401,6 +402,15 @@ class Family:
         MAX_ACTION_CHARS characters, or `empty_action` when nothing is left. The step is recorded as
         invalid either way."""
         return response.strip()[:MAX_ACTION_CHARS] or self.empty_action
+
+    # -------------------------------------------------------------- evaluation
+
+    def behaviour(self, trajs: Sequence[Trajectory], pool: TaskPool) -> dict[str, float]:
+        """Rates of what the episodes did, by the family's own measure, for the evaluation summary
+        (its `behaviour` field): name -> a rate (a float) or a count (an int), each episode's task being
+        `pool[traj.task_id]` (search QA: how often an episode searched twice, on the tasks that need a
+        second search and on the others). Default: {} (the summary then has no such field)."""
+        return {}
 
     # -------------------------------------------------------------- WIA
 

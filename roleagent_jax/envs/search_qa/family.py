@@ -1,4 +1,4 @@
-"""Search QA as a scenario family: task pools, the env adapter, prompts, parser and AIW pieces.
+"""Search QA as a scenario family: task pools, the env adapter, prompts, parser, behaviour rates, AIW.
 
 Splits:
   gen_train, gen_test    questions over the generated knowledge base (options: kb_seed, the sizes,
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
-from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, taxonomy
+from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, second_search, taxonomy
 from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
@@ -39,6 +39,7 @@ from roleagent_jax.envs.search_qa.parser import ANSWER, SEARCH, VALIDITY_RULES, 
 from roleagent_jax.envs.search_qa.questions import DEFAULT_MIX, KINDS, generate_questions
 from roleagent_jax.envs.search_qa.reference_prompt import build_reference_prompt
 from roleagent_jax.envs.search_qa.tasks import DATASETS, QATask, check_dataset, dataset_file, load_flashrag
+from roleagent_jax.types import Trajectory
 
 GEN_SPLITS = {"gen_train": "train", "gen_test": "test"}
 PROMPTS = ("reference", "compact")  # verl-agent's SEARCH_TEMPLATE | a short one for tiny models
@@ -329,6 +330,14 @@ class SearchQA(Family):
         """Actions are already responses: "<search>query</search>" or "<answer>text</answer>"."""
         turn = parse_turn(action)
         return turn.action if turn.valid else f"<{SEARCH}>{action}</{SEARCH}>"
+
+    # ------------------------------------------------------------------ evaluation
+
+    def behaviour(self, trajs: Sequence[Trajectory], pool: TaskPool) -> dict[str, float]:
+        """Second-search rates: how often an episode searched twice, on the tasks whose expert plan holds
+        two or more searches and on the others (`second_search.second_search_rates`); tasks without a
+        plan (real data sets) are left out."""
+        return second_search.second_search_rates(trajs, pool.expert_plans)
 
     # ------------------------------------------------------------------ AIW
 
