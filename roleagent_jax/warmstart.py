@@ -288,10 +288,12 @@ def run_sft(
     if not examples:
         raise ValueError("warm start has no examples: the expert won no game (check the task pool)")
     total = copy_steps + steps
-    rates = {"cosine": optax.cosine_decay_schedule, "constant": lambda lr, _: optax.constant_schedule(lr)}
-    if schedule not in rates:
-        raise ValueError(f"warm-start schedule must be one of {tuple(rates)}, got {schedule!r}")
-    rate = rates[schedule](lr, total)
+    if schedule == "cosine":
+        rate = optax.cosine_decay_schedule(lr, total)
+    elif schedule == "constant":
+        rate = optax.constant_schedule(lr)
+    else:
+        raise ValueError(f"warm-start schedule must be cosine or constant, got {schedule!r}")
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(rate))
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(graphdef, optimizer, jax.tree.map(lambda x: x.sharding, params))
