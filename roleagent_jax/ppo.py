@@ -123,6 +123,7 @@ def ppo_batch(
     mini_batch_rows: int,
     old_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
     ref_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
+    train_forced: bool = False,
 ) -> dict[str, np.ndarray]:
     """One iteration's rows (``types.Row``) as PPO's host batch: the token grid, advantages, and the
     old-policy and reference log-probs, padded to whole mini-batches with zero-weight rows (every
@@ -131,8 +132,12 @@ def ppo_batch(
     The log-probs are fixed for every row before the first step, so the ratio of later mini-batches
     measures how far the policy moved in this iteration. `old_logprobs=None` takes the sampler's own
     (the same quantity: log_softmax of the raw logits, prompts cut to the same limit), one forward pass
-    fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass).
+    fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass). `train_forced` puts the
+    rows' forced tokens in the loss like sampled ones (`rollout.train_openers`; needs `old_logprobs`,
+    since the sampler scored no forced token).
     """
+    if train_forced and old_logprobs is None:
+        raise ValueError("train_forced needs old_logprobs: the sampler's log-prob of a forced token is 0")
     packed = pack_rows(
         [r.prompt_ids for r in rows],
         [r.response_ids for r in rows],
@@ -140,7 +145,7 @@ def ppo_batch(
         max_prompt=max_prompt,
         max_response=max_response,
         response_logprobs=[r.logprobs for r in rows] if old_logprobs is None else None,
-        forced_tokens=[r.forced_tokens for r in rows],
+        forced_tokens=None if train_forced else [r.forced_tokens for r in rows],
     )
     n, mb = len(rows), mini_batch_rows
     padded = -(-n // mb) * mb

@@ -218,6 +218,7 @@ class Trainer:
             mini_batch_rows=c.train.mini_batch_rows,
             old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
+            train_forced=c.rollout.train_openers,
         )  # fmt: skip
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)

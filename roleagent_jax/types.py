@@ -69,7 +69,8 @@ class Row:
     advantages need (the episode, group, step, the hashed anchor state, reward and validity).
 
     `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
-    `rollout.branch_openers`); they condition the rest but carry no loss (their log-probs are 0)."""
+    `rollout.branch_openers`); they condition the rest and carry no loss unless `rollout.train_openers`
+    (their log-probs here are 0: the sampler did not score them)."""
 
     prompt_ids: list[int]
     response_ids: list[int]

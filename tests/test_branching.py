@@ -191,6 +191,23 @@ def test_branches_keep_the_policys_log_probs_and_forced_tokens_weigh_nothing(wor
         assert weights.tolist() == [0.0] * r.forced_tokens + [1.0] * (len(r.response_ids) - r.forced_tokens)
         assert not packed["old_logprobs"][i, start : start + r.forced_tokens].any()
 
+    # train_openers: the opener is in the loss, its old log-prob the policy's own (the training forward of
+    # the same rows with no token left out), the sampled tokens' as before
+    trained = ppo_batch(rows, np.zeros(len(rows), np.float32), pad_id=tok.pad_token_id, max_prompt=512,
+                        max_response=8, mini_batch_rows=len(rows), train_forced=True,
+                        old_logprobs=lambda batch: np.asarray(make_logprob_fn(graphdef)(params, batch)))  # fmt: skip
+    whole = pack_rows([r.prompt_ids for r in rows], [r.response_ids for r in rows], tok.pad_token_id)
+    np.testing.assert_array_equal(trained["loss_mask"], whole["loss_mask"])
+    for i, r in enumerate(rows):
+        span = slice(start, start + len(r.response_ids))
+        forced = slice(start, start + r.forced_tokens)
+        np.testing.assert_allclose(trained["old_logprobs"][i, span][r.forced_tokens :],
+                                   packed["old_logprobs"][i, span][r.forced_tokens :], atol=1e-5)  # fmt: skip
+        assert (trained["old_logprobs"][i, forced] < 0).all()
+    with pytest.raises(ValueError, match="train_forced needs old_logprobs"):
+        ppo_batch(rows, np.zeros(len(rows), np.float32), pad_id=tok.pad_token_id, max_prompt=512,
+                  max_response=8, mini_batch_rows=len(rows), train_forced=True)  # fmt: skip
+
 
 def test_branching_that_cannot_work_is_refused_at_start_up():
     c = load_config("base")  # ALFWorld: no action openers
@@ -206,3 +223,12 @@ def test_branching_that_cannot_work_is_refused_at_start_up():
     qa.model.path, qa.model.required = "", False
     qa.rollout.branch_at, qa.rollout.branch_openers = 1, True
     validate(qa)
+    qa.rollout.train_openers, qa.train.old_logprobs = True, "recompute"
+    validate(qa)
+    qa.rollout.branch_openers, qa.train.old_logprobs = False, "sampler"
+    with pytest.raises(ValueError) as err:
+        validate(qa)
+    assert "--config.rollout.train_openers=True: needs rollout.branch_openers=True" in str(err.value)
+    assert "--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is 'sampler')" in str(
+        err.value
+    )

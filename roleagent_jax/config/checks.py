@@ -142,6 +142,15 @@ def _branch_errors(config: ConfigDict, family) -> list[str]:
             f"--config.rollout.branch_openers=True: env.name={family.name!r} declares no action openers "
             "(Family.action_openers)"
         )
+    if r.train_openers and not r.branch_openers:
+        errors.append(
+            "--config.rollout.train_openers=True: needs rollout.branch_openers=True (no opener is forced)"
+        )
+    if r.train_openers and config.train.old_logprobs != "recompute":
+        errors.append(
+            f"--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is "
+            f"{config.train.old_logprobs!r}): the sampler scored no forced token"
+        )
     return errors
 
 

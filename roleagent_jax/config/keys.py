@@ -103,8 +103,13 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     Key("branch_at", 0, "a task group's rollouts share their first k steps (one samples them, the others "
         "replay its answers) and branch at step k; 0 = plain rollouts; evaluation never branches", ge=0),
     Key("branch_openers", False, "branch j's answer at step branch_at (0: the first) starts with the "
-        "family's action opener j (mod their number), forced and left out of the loss; the family must "
-        "declare openers"),
+        "family's action opener j (mod their number), forced, and out of the loss unless train_openers; the "
+        "family must declare openers"),
+    # Forced openers explore; only a gradient on them teaches the choice itself (a greedy model that never
+    # searches twice gets none from the tokens after a forced <search>).
+    Key("train_openers", False, "a branch's forced opener is trained as if the policy had sampled it: its "
+        "old log-prob is the policy's own (ratio 1 at first), its advantage the step's; False: openers only "
+        "explore and carry no gradient"),
 ])  # fmt: skip
 
 ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
