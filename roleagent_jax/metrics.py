@@ -120,8 +120,21 @@ def iteration_metrics(
             "time/env": stats["time_env"],
         }
     )
+    out.update(branch_success(stats))
     out.update({f"time/{k}": v for k, v in times.items()})
     return out
+
+
+def branch_success(stats: dict[str, float]) -> dict[str, float]:
+    """Success of the branches each forced opener started, per task type and overall
+    (`rollout/branch_success/<opener>/<type>`): whether the contrast the branches exist for is there,
+    e.g. a second <search> winning bridge questions that an <answer> at the same state loses."""
+    prefix = "branch_episodes/"
+    return {
+        f"rollout/branch_success/{k[len(prefix) :]}": stats[f"branch_wins/{k[len(prefix) :]}"] / n
+        for k, n in stats.items()
+        if k.startswith(prefix) and n
+    }
 
 
 def eval_metrics(split: str, summary: dict) -> dict[str, float]:

@@ -86,6 +86,7 @@ class Answer:
     logprobs: list[float]
     text: str
     forced: int = 0
+    opener: str = ""  # the forced start's text
 
 
 class SamplerAgent:
@@ -117,6 +118,7 @@ class SamplerAgent:
                         if settings.branch_openers]  # fmt: skip
         self.strayed: set[int] = set()  # followers whose prompt left their leader's: they sample
         self.rows: list[Row] = []
+        self.opened: dict[int, str] = {}  # trajectory id -> the opener its branch was forced to start with
         self.sampled: dict[int, Answer] = {}  # slot -> its answer of the current step
         self.calls = self.generated_tokens = self.replayed = 0
 
@@ -148,7 +150,7 @@ class SamplerAgent:
         for tr, ids, (text, forced), res in zip(own, prompts, openers, results[: len(own)], strict=True):
             logprobs = [0.0] * len(forced) + list(res.logprobs)
             self.sampled[tr.slot] = Answer(
-                ids, [*forced, *res.token_ids], logprobs, text + res.text, len(forced)
+                ids, [*forced, *res.token_ids], logprobs, text + res.text, len(forced), text
             )
         for slot, leader in replay.items():
             self.sampled[slot] = self.sampled[leader]
@@ -187,6 +189,8 @@ class SamplerAgent:
 
     def after_step(self, turn: Turn, traj: Trajectory, step: Step, sent: str) -> None:
         answer = self.sampled.pop(turn.slot)
+        if answer.opener:
+            self.opened[traj.traj_id] = answer.opener
         self.rows.append(
             Row(
                 prompt_ids=answer.prompt_ids,
@@ -280,6 +284,11 @@ def collect(
         "agent_steps": len(agent.rows),
         "replayed_answers": agent.replayed,
     }
+    for t in played.trajectories:  # what each opener's branches won, per task type (`branch_success`)
+        opener = agent.opened.get(t.traj_id)
+        for key in (f"{opener}/{t.task_type}", f"{opener}/all") if opener else ():
+            stats[f"branch_episodes/{key}"] = stats.get(f"branch_episodes/{key}", 0) + 1
+            stats[f"branch_wins/{key}"] = stats.get(f"branch_wins/{key}", 0) + int(t.won)
     samples = predictor.samples if predictor is not None else []
     return RolloutResult(played.trajectories, agent.rows, predictions, stats, samples)
 

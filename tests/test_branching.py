@@ -16,6 +16,7 @@ from roleagent_jax.config import CONFIG, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.search_qa.parser import parse_turn
 from roleagent_jax.logprobs import make_logprob_fn
+from roleagent_jax.metrics import branch_success
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
 from roleagent_jax.ppo import pack_rows, ppo_batch
 from roleagent_jax.rollout import branch_slots, collect
@@ -119,6 +120,14 @@ def test_followers_replay_the_leader_and_branches_open_each_action_kind(world):
     kinds = [parse_turn(t.steps[1].response).kind for t in result.trajectories]
     assert kinds == ["search", "answer"] * 4  # every step group compares searching again with answering
     assert all(r.forced_tokens == 0 for r in at(result, 2).values())  # only the branch step is forced
+    rates = branch_success(result.stats)  # each opener's branches: 4 episodes, its own wins
+    for i, opener in enumerate(FAMILY.action_openers):
+        mine = result.trajectories[i::2]
+        assert result.stats[f"branch_episodes/{opener}/all"] == 4
+        assert rates[f"rollout/branch_success/{opener}/all"] == sum(t.won for t in mine) / 4
+        for kind in {t.task_type for t in mine}:
+            same = [t.won for t in mine if t.task_type == kind]
+            assert rates[f"rollout/branch_success/{opener}/{kind}"] == sum(same) / len(same)
 
 
 def test_a_follower_whose_observation_differs_samples_on_its_own(world):
