@@ -24,6 +24,8 @@ from roleagent_jax.types import RolloutSettings, Row, Step, Trajectory
 from roleagent_jax.wia.predictor import Predictor
 from roleagent_jax.wia.prompts import INLINE_STOP, inline_instruction, parse_inline_prediction
 
+EXPERT_BRANCH = "expert"  # what `branch_success` calls the branches that played the expert's step
+
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
 
 
@@ -86,7 +88,7 @@ class Answer:
     logprobs: list[float]
     text: str
     forced: int = 0
-    opener: str = ""  # the forced start's text
+    opener: str = ""  # the forced start's text, or EXPERT_BRANCH for an expert's whole step
 
 
 class SamplerAgent:
@@ -126,6 +128,13 @@ class SamplerAgent:
         s = self.settings
         replay = self._replaying(step, turns)
         own = [tr for tr in turns if tr.slot not in replay]
+        for tr in own:  # the expert's branch plays the expert's step whole: nothing to sample
+            if self._expert_branch(step, tr):
+                action = tr.observation.expert_plan[0]
+                ids = self.encode.tokenizer.encode(action, add_special_tokens=False)
+                prompt = self.encode(tr.prompt + self.suffix)
+                self.sampled[tr.slot] = Answer(prompt, ids, [0.0] * len(ids), action, len(ids), EXPERT_BRANCH)
+        own = [tr for tr in own if tr.slot not in self.sampled]
         prompts = [self.encode(tr.prompt + self.suffix) for tr in own]
         openers = [self._opener(step, tr.slot) for tr in own]
         requests = [
@@ -178,6 +187,16 @@ class SamplerAgent:
             else:
                 self.strayed.add(tr.slot)
         return out
+
+    def _expert_branch(self, step: int, turn: Turn) -> bool:
+        """Whether `turn` is its group's expert branch (`rollout.expert_branch`: the group's last slot,
+        at the branch step) and the expert has a next action there."""
+        slot = turn.slot
+        grouped = bool(self.groups) and self.groups[slot] is not None
+        if not (self.settings.expert_branch and grouped and step == self.settings.branch_at):
+            return False
+        last = sum(1 for leader, _ in self.branches if leader == self.branches[slot][0]) - 1
+        return self.branches[slot][1] == last and bool(turn.observation.expert_plan)
 
     def _opener(self, step: int, slot: int) -> tuple[str, list[int]]:
         """The forced start (text, token ids) of `slot`'s answer at `step`: its branch's opener at the
@@ -274,6 +293,7 @@ def collect(
         history_k=settings.history_k,
         group_ids=group_ids,
         slot_offset=slot_offset,
+        expert=True if settings.expert_branch else None,
     )
     stats = {
         "sampler_calls": agent.calls,

@@ -282,7 +282,9 @@ class Trainer:
                 SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
                 jax.random.PRNGKey(c.seed + EVAL_KEY_OFFSET),
             )
-            settings = dataclasses.replace(self.settings, wia_mode="off", branch_at=0, branch_openers=False)
+            settings = dataclasses.replace(
+                self.settings, wia_mode="off", branch_at=0, branch_openers=False, expert_branch=False
+            )
             result: RolloutResult = collect_all(
                 gen, self.family, envs, ids, ids, self.tokenizer, settings, c.seed
             )

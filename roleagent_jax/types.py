@@ -44,6 +44,7 @@ class RolloutSettings:
     wia_max_tokens: int  # wia.max_tokens
     branch_at: int  # rollout.branch_at: a task group's slots share their first steps (0: none)
     branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
+    expert_branch: bool  # rollout.expert_branch: a group's last branch plays the expert's step
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -60,6 +61,7 @@ class RolloutSettings:
             wia_max_tokens=c.wia.max_tokens,
             branch_at=c.rollout.branch_at,
             branch_openers=c.rollout.branch_openers,
+            expert_branch=c.rollout.expert_branch,
         )
 
 

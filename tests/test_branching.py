@@ -35,9 +35,9 @@ class LocalPool:
     def __init__(self, pool, max_steps: int):
         self.pool, self.max_steps = pool, max_steps
 
-    def reset(self, task_ids):
+    def reset(self, task_ids, expert=False):
         self.envs = [FAMILY.make_env(self.max_steps) for _ in task_ids]
-        return [env.reset(self.pool[t]) for env, t in zip(self.envs, task_ids)]
+        return [env.reset(self.pool[t], expert=expert) for env, t in zip(self.envs, task_ids)]
 
     def step(self, actions):
         return {i: self.envs[i].step(a) for i, a in actions.items()}
@@ -128,6 +128,29 @@ def test_followers_replay_the_leader_and_branches_open_each_action_kind(world):
         for kind in {t.task_type for t in mine}:
             same = [t.won for t in mine if t.task_type == kind]
             assert rates[f"rollout/branch_success/{opener}/{kind}"] == sum(same) / len(same)
+
+
+def test_the_expert_branch_plays_the_experts_step_and_the_others_sample(world):
+    """`expert_branch`: each group's last slot plays the expert's next action at the branch step, whole and
+    forced (no request), while the other branches still start with the openers in turn."""
+    pool, tok = world
+    model = Scripted(tok)
+    result = play(world, model, branch_at=1, branch_openers=True, expert_branch=True)
+    assert [len(c) for c in model.calls[:2]] == [2, 6]  # the two expert branches ask for nothing
+    branched = at(result, 1)
+    env = FAMILY.make_env(3)
+    for slot, row in branched.items():
+        if slot % 4 != 3:
+            assert row.forced_tokens < len(row.response_ids)  # an opener, then sampled tokens
+            continue
+        env.reset(pool[TASKS[slot]], expert=True)
+        obs = env.step(result.trajectories[slot].steps[0].response)
+        action = obs.expert_plan[0]
+        assert result.trajectories[slot].steps[1].response == action
+        assert row.response_ids == tok.encode(action, add_special_tokens=False)
+        assert row.forced_tokens == len(row.response_ids) and row.logprobs == [0.0] * len(row.response_ids)
+    assert result.stats["branch_episodes/expert/all"] == 2
+    assert result.stats["branch_episodes/<search>/all"] + result.stats["branch_episodes/<answer>/all"] == 6
 
 
 def test_a_follower_whose_observation_differs_samples_on_its_own(world):
@@ -237,7 +260,10 @@ def test_branching_that_cannot_work_is_refused_at_start_up():
     qa.rollout.branch_openers, qa.train.old_logprobs = False, "sampler"
     with pytest.raises(ValueError) as err:
         validate(qa)
-    assert "--config.rollout.train_openers=True: needs rollout.branch_openers=True" in str(err.value)
+    assert (
+        "--config.rollout.train_openers=True: needs rollout.branch_openers or rollout.expert_branch"
+        in str(err.value)
+    )
     assert "--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is 'sampler')" in str(
         err.value
     )

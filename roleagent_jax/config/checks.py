@@ -142,9 +142,12 @@ def _branch_errors(config: ConfigDict, family) -> list[str]:
             f"--config.rollout.branch_openers=True: env.name={family.name!r} declares no action openers "
             "(Family.action_openers)"
         )
-    if r.train_openers and not r.branch_openers:
+    if r.expert_branch and not family.has_expert:
+        errors.append(f"--config.rollout.expert_branch=True: env.name={family.name!r} has no expert")
+    if r.train_openers and not (r.branch_openers or r.expert_branch):
         errors.append(
-            "--config.rollout.train_openers=True: needs rollout.branch_openers=True (no opener is forced)"
+            "--config.rollout.train_openers=True: needs rollout.branch_openers or rollout.expert_branch "
+            "(nothing is forced)"
         )
     if r.train_openers and config.train.old_logprobs != "recompute":
         errors.append(

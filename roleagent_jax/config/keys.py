@@ -105,6 +105,9 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     Key("branch_openers", False, "branch j's answer at step branch_at (0: the first) starts with the "
         "family's action opener j (mod their number), forced, and out of the loss unless train_openers; the "
         "family must declare openers"),
+    Key("expert_branch", False, "a task group's last branch plays the family's expert's next action at "
+        "step branch_at, forced whole (trained only with train_openers), so a group none of whose own "
+        "branches wins still holds a step that can (BREAD's expert prefix); the family needs an expert"),
     # Forced openers explore; only a gradient on them teaches the choice itself (a greedy model that never
     # searches twice gets none from the tokens after a forced <search>).
     Key("train_openers", False, "a branch's forced opener is trained as if the policy had sampled it: its "
