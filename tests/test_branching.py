@@ -267,3 +267,13 @@ def test_branching_that_cannot_work_is_refused_at_start_up():
     assert "--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is 'sampler')" in str(
         err.value
     )
+
+
+def test_branch_success_is_each_openers_wins_over_its_episodes():
+    """The scripted episodes above never win, so the rate itself is checked here on counts that do."""
+    stats = {"branch_episodes/<search>/bridge": 4, "branch_wins/<search>/bridge": 3,
+             "branch_episodes/expert/all": 2, "branch_wins/expert/all": 2, "sampler_calls": 5}  # fmt: skip
+    assert branch_success(stats) == {
+        "rollout/branch_success/<search>/bridge": 0.75,
+        "rollout/branch_success/expert/all": 1.0,
+    }
