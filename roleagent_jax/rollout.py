@@ -112,10 +112,11 @@ class SamplerAgent:
         self.suffix = inline_instruction(family.action_stop) if self.inline else ""
         self.branches = branch_slots(groups)
         size = Counter(leader for leader, _ in self.branches)  # each sharing group's slots
-        # each group's last branch: the one `rollout.expert_branch` gives the expert's step
-        self.last_branch = {
-            slot for slot, (leader, rank) in enumerate(self.branches) if rank == size[leader] - 1
-        }
+        # `rollout.expert_branch`: each sharing group's last slot plays the expert's step
+        self.expert_slots = {
+            slot for slot, (leader, rank) in enumerate(self.branches)
+            if settings.expert_branch and groups[slot] is not None and rank == size[leader] - 1
+        }  # fmt: skip
         if settings.branch_openers and not family.action_openers:
             raise ValueError(
                 f"rollout.branch_openers=True: family {family.name!r} declares no action openers"
@@ -196,9 +197,8 @@ class SamplerAgent:
     def _expert_branch(self, step: int, turn: Turn) -> bool:
         """Whether `turn` is its group's expert branch (`rollout.expert_branch`: the group's last slot,
         at the branch step) and the expert has a next action there."""
-        grouped = bool(self.groups) and self.groups[turn.slot] is not None
-        return (self.settings.expert_branch and grouped and step == self.settings.branch_at
-                and turn.slot in self.last_branch and bool(turn.observation.expert_plan))  # fmt: skip
+        return (step == self.settings.branch_at and turn.slot in self.expert_slots
+                and bool(turn.observation.expert_plan))  # fmt: skip
 
     def _opener(self, step: int, slot: int) -> tuple[str, list[int]]:
         """The forced start (text, token ids) of `slot`'s answer at `step`: its branch's opener at the
