@@ -21,8 +21,9 @@ Measured (docs/experiments.md, 2-core CPU): the warm start takes about 34 minute
 trains, it reaches 26.0% (14 of the reference's 48 goals against its 17).
 RL at the settings below (6 iterations of 4 goals x 4 episodes, about 4 minutes each), seed 0, greedy
 on the 96 goals: roleagent 61.5% (+4.2 +- 5.1 paired), gigpo (--config.algo=gigpo) 63.5% (+6.2 +- 3.9;
-seed 1: +2.1 +- 2.6; the two seeds +4.2 +- 2.5); the whole run about 73 minutes alone. From the 60-goal warm start at lr 6e-4 RL lost 8.3 points: the
-policy drifted into invalid actions.
+seed 1: +2.1 +- 2.6; the two seeds +4.2 +- 2.5). The whole run is about 73 minutes alone, summed from
+its timed parts (not timed as one command). From the 60-goal warm start at lr 6e-4 RL lost 8.3
+points: the policy drifted into invalid actions.
 """
 
 from configs import smol, webshop_demo
