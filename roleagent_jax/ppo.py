@@ -133,11 +133,15 @@ def ppo_batch(
     measures how far the policy moved in this iteration. `old_logprobs=None` takes the sampler's own
     (the same quantity: log_softmax of the raw logits, prompts cut to the same limit), one forward pass
     fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass). `train_forced` puts the
-    rows' forced tokens in the loss like sampled ones (`rollout.train_openers`; needs `old_logprobs`,
-    since the sampler scored no forced token).
+    rows' forced tokens in the loss like sampled ones (`rollout.train_openers`); with the sampler's
+    log-probs, only rows whose forced tokens the sampler scored (`Row.forced_scored`).
     """
-    if train_forced and old_logprobs is None:
-        raise ValueError("train_forced needs old_logprobs: the sampler's log-prob of a forced token is 0")
+    unscored = sum(1 for r in rows if r.forced_tokens and not r.forced_scored)
+    if train_forced and old_logprobs is None and unscored:
+        raise ValueError(
+            f"train_forced needs old_logprobs: {unscored} rows hold forced tokens the sampler did not score "
+            "(their log-prob is 0)"
+        )
     packed = pack_rows(
         [r.prompt_ids for r in rows],
         [r.response_ids for r in rows],

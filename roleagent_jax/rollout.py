@@ -81,7 +81,8 @@ def branch_slots(groups: Sequence[Hashable | None]) -> list[tuple[int, int]]:
 @dataclass(frozen=True)
 class Answer:
     """One slot's answer at one step, as its training row holds it: `forced` leading response tokens
-    (a branch's opener) were given, not sampled, and their log-probs are 0."""
+    (a branch's opener, the expert's step) were given, not sampled; their log-probs are the sampler's
+    scores of them when they are trained (`rollout.train_openers`), else 0."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -99,7 +100,9 @@ class SamplerAgent:
     replays its leader's answer (same tokens, same log-probs), so the group reaches step k as one
     state and every slot samples there on its own. A follower whose prompt ever differs from its
     leader's (a nondeterministic env) samples on its own from then on. With `branch_openers` the
-    answers at step k start with the family's action openers in turn."""
+    answers at step k start with the family's action openers in turn. With `train_openers` the sampler
+    scores the forced tokens in its prefill (the expert's step in a request that generates nothing),
+    so their old log-probs need no pass of their own."""
 
     def __init__(self, call, family: Family, encode: PromptEncoder, settings: RolloutSettings,
                  predictor: Predictor | None, predictions: dict, slot_offset: int = 0,
@@ -131,28 +134,23 @@ class SamplerAgent:
         self.calls = self.generated_tokens = self.replayed = 0
 
     def act(self, step: int, turns: list[Turn]) -> list[Move] | None:
-        s = self.settings
+        s, score = self.settings, self.settings.train_openers
         replay = self._replaying(step, turns)
         own = [tr for tr in turns if tr.slot not in replay]
-        for tr in own:  # the expert's branch plays the expert's step whole: nothing to sample
-            if self._expert_branch(step, tr):
-                action = tr.observation.expert_plan[0]
-                ids = self.encode.tokenizer.encode(action, add_special_tokens=False)
-                prompt = self.encode(tr.prompt + self.suffix)
-                self.sampled[tr.slot] = Answer(prompt, ids, [0.0] * len(ids), action, len(ids), EXPERT_BRANCH)
+        prompts = {tr.slot: self.encode(tr.prompt + self.suffix) for tr in own}
+        starts = {tr.slot: self._forced(step, tr) for tr in own}
+        for tr in own:  # the expert's step, whole and untrained: nothing to sample or score
+            text, ids, label = starts[tr.slot]
+            if label == EXPERT_BRANCH and not score:
+                self.sampled[tr.slot] = Answer(prompts[tr.slot], ids, [0.0] * len(ids), text, len(ids), label)
         own = [tr for tr in own if tr.slot not in self.sampled]
-        prompts = [self.encode(tr.prompt + self.suffix) for tr in own]
-        openers = [self._opener(step, tr.slot) for tr in own]
-        requests = [
-            SampleRequest(
-                ids + forced,
-                max(1, s.max_response_tokens - len(forced)),
-                stop=self.stop,
-                role="agent",
-                group=self.groups[tr.slot] if self.groups else None,
-            )
-            for tr, ids, (_, forced) in zip(own, prompts, openers, strict=True)
-        ]
+        requests = []
+        for tr in own:  # the expert's step is only scored; an opener is scored, then continued
+            _, ids, label = starts[tr.slot]
+            budget = 0 if label == EXPERT_BRANCH else max(1, s.max_response_tokens - len(ids))
+            group = self.groups[tr.slot] if self.groups else None
+            requests.append(SampleRequest(prompts[tr.slot] + ids, budget, stop=self.stop, role="agent",
+                                          group=group, score_tokens=len(ids) if score else 0))  # fmt: skip
         if self.predictor is not None:
             requests += self.predictor.requests()
         results = self.call(requests)
@@ -162,10 +160,16 @@ class SamplerAgent:
         self.generated_tokens += sum(len(r.token_ids) for r in results)
         if self.predictor is not None:
             self.predictor.receive(results[len(own) :], self.predictions)
-        for tr, ids, (text, forced), res in zip(own, prompts, openers, results[: len(own)], strict=True):
-            logprobs = [0.0] * len(forced) + list(res.logprobs)
+        for tr, res in zip(own, results[: len(own)], strict=True):
+            text, ids, label = starts[tr.slot]
+            if score and len(res.prompt_logprobs) != len(ids):
+                raise ValueError(
+                    f"rollout.train_openers: the backend scored {len(res.prompt_logprobs)} of a request's "
+                    f"{len(ids)} forced tokens (SampleRequest.score_tokens)"
+                )
+            logprobs = (res.prompt_logprobs if score else [0.0] * len(ids)) + list(res.logprobs)
             self.sampled[tr.slot] = Answer(
-                ids, [*forced, *res.token_ids], logprobs, text + res.text, len(forced), text
+                prompts[tr.slot], [*ids, *res.token_ids], logprobs, text + res.text, len(ids), label
             )
         for slot, leader in replay.items():
             self.sampled[slot] = self.sampled[leader]
@@ -200,13 +204,19 @@ class SamplerAgent:
         return (step == self.settings.branch_at and turn.slot in self.expert_slots
                 and bool(turn.observation.expert_plan))  # fmt: skip
 
-    def _opener(self, step: int, slot: int) -> tuple[str, list[int]]:
-        """The forced start (text, token ids) of `slot`'s answer at `step`: its branch's opener at the
-        branch step of a grouped slot with `branch_openers`, else nothing."""
+    def _forced(self, step: int, turn: Turn) -> tuple[str, list[int], str]:
+        """The forced start (text, token ids, what `branch_success` calls it) of `turn`'s answer at
+        `step`: the expert's whole step on the expert branch, its branch's opener at the branch step of
+        a grouped slot with `branch_openers`, else nothing."""
+        if self._expert_branch(step, turn):
+            action = turn.observation.expert_plan[0]
+            return action, self.encode.tokenizer.encode(action, add_special_tokens=False), EXPERT_BRANCH
+        slot = turn.slot
         grouped = bool(self.groups) and self.groups[slot] is not None
         if self.openers and grouped and step == self.settings.branch_at:
-            return self.openers[self.branches[slot][1] % len(self.openers)]
-        return "", []
+            text, ids = self.openers[self.branches[slot][1] % len(self.openers)]
+            return text, ids, text
+        return "", [], ""
 
     def after_step(self, turn: Turn, traj: Trajectory, step: Step, sent: str) -> None:
         answer = self.sampled.pop(turn.slot)
@@ -228,6 +238,7 @@ class SamplerAgent:
                 anchor=turn.observation.anchor,
                 state=turn.observation.state,
                 forced_tokens=answer.forced,
+                forced_scored=bool(answer.forced) and self.settings.train_openers,
             )
         )
         if self.predictor is not None:

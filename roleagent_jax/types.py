@@ -45,6 +45,7 @@ class RolloutSettings:
     branch_at: int  # rollout.branch_at: a task group's slots share their first steps (0: none)
     branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
     expert_branch: bool  # rollout.expert_branch: a group's last branch plays the expert's step
+    train_openers: bool  # rollout.train_openers: forced tokens are trained, so the sampler scores them
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -62,6 +63,7 @@ class RolloutSettings:
             branch_at=c.rollout.branch_at,
             branch_openers=c.rollout.branch_openers,
             expert_branch=c.rollout.expert_branch,
+            train_openers=c.rollout.train_openers,
         )
 
 
@@ -71,8 +73,9 @@ class Row:
     advantages need (the episode, group, step, the hashed anchor state, reward and validity).
 
     `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
-    `rollout.branch_openers`); they condition the rest and carry no loss unless `rollout.train_openers`
-    (their log-probs here are 0: the sampler did not score them)."""
+    `rollout.branch_openers`, or the expert's step); they condition the rest and carry no loss unless
+    `rollout.train_openers`. `forced_scored`: the sampler scored them (`rollout.train_openers`), so
+    their `logprobs` are the policy's; else those are 0."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -88,6 +91,7 @@ class Row:
     anchor: str = ""  # the anchor itself, for similarity clustering of step groups
     state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
     forced_tokens: int = 0
+    forced_scored: bool = False
 
 
 @dataclass

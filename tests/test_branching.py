@@ -1,7 +1,8 @@
 """Rollouts that branch at a chosen step (`rollout.branch_at`, `rollout.branch_openers`) on search QA,
 played in this process: before the branch step a task group's followers replay its leader's answers
 (no generation), at it every slot samples (each starting with the family's action opener of its branch),
-forced opener tokens carry no loss, and branch_at=0 is the plain rollout."""
+forced opener tokens carry no loss unless trained (then the sampler scores them, and its log-probs are
+the update's old ones), and branch_at=0 is the plain rollout."""
 
 import dataclasses
 import random
@@ -44,7 +45,8 @@ class LocalPool:
 
 
 class Scripted:
-    """A model that searches with a random query, and closes a block a forced opener started."""
+    """A model that searches with a random query, and closes a block a forced opener started; it scores
+    every forced token -0.5 and generates nothing when asked for no token."""
 
     def __init__(self, tok):
         self.tok, self.rng, self.calls = tok, random.Random(0), []
@@ -54,12 +56,18 @@ class Scripted:
         self.calls.append(list(requests))
         out = []
         for r in requests:
+            scores = [-0.5] * r.score_tokens
+            if not r.max_new_tokens:
+                out.append(SampleResult([], [], "", "length", r.role, scores))
+                continue
             text = f"<search>q{self.rng.randrange(1000)}</search>"
             for opener, ids in self.openers.items():
                 if r.prompt_ids[-len(ids) :] == ids:
                     text = f"q{self.rng.randrange(1000)}</search>" if "search" in opener else "Paris</answer>"
             ids = self.tok.encode(text, add_special_tokens=False)
-            out.append(SampleResult(ids, [-0.1 * (k + 1) for k in range(len(ids))], text, "stop", r.role))
+            out.append(
+                SampleResult(ids, [-0.1 * (k + 1) for k in range(len(ids))], text, "stop", r.role, scores)
+            )
         return out
 
 
@@ -152,6 +160,19 @@ def test_the_expert_branch_plays_the_experts_step_and_the_others_sample(world):
     assert result.stats["branch_episodes/expert/all"] == 2
     assert result.stats["branch_episodes/<search>/all"] + result.stats["branch_episodes/<answer>/all"] == 6
 
+    # trained, the forced tokens are scored: the expert's step in a request that generates nothing
+    model = Scripted(tok)
+    trained = play(world, model, branch_at=1, branch_openers=True, expert_branch=True, train_openers=True)
+    assert [len(c) for c in model.calls[:2]] == [2, 8]
+    for slot, request in enumerate(model.calls[1]):
+        row = at(trained, 1)[slot]
+        assert request.prompt_ids == row.prompt_ids + row.response_ids[: row.forced_tokens]
+        assert request.score_tokens == row.forced_tokens and row.forced_scored
+        assert row.logprobs[: row.forced_tokens] == [-0.5] * row.forced_tokens
+        if slot % 4 == 3:
+            assert request.max_new_tokens == 0 and row.response_ids == at(result, 1)[slot].response_ids
+    assert not any(r.forced_scored for r in at(trained, 0).values())
+
 
 def test_a_follower_whose_observation_differs_samples_on_its_own(world):
     pool, tok = world
@@ -241,6 +262,41 @@ def test_branches_keep_the_policys_log_probs_and_forced_tokens_weigh_nothing(wor
                   max_response=8, mini_batch_rows=len(rows), train_forced=True)  # fmt: skip
 
 
+def test_trained_forced_tokens_take_their_old_log_probs_from_the_sampler(world):
+    """`train_openers` with the real sampler on a random model: the forced openers and the expert's whole
+    step are scored in the sampler's prefill, so the update's inputs built from the rollout's own
+    log-probs (`train.old_logprobs=sampler`, no log-prob pass) equal those of the recompute pass."""
+    _, tok = world
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1)))
+    sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
+    keys = iter(jax.random.split(jax.random.key(1), 8))
+
+    def generate(requests):
+        return sampler.generate(params, requests, SamplingParams(), next(keys))
+
+    rows = play(
+        world, generate, branch_at=1, branch_openers=True, expert_branch=True, train_openers=True
+    ).rows
+    forced = [r for r in rows if r.forced_tokens]
+    assert len(forced) == 8 and sum(r.forced_tokens == len(r.response_ids) for r in forced) == 2  # 2 experts
+
+    def batch(old_logprobs):
+        return ppo_batch(rows, np.zeros(len(rows), np.float32), pad_id=tok.pad_token_id, max_prompt=512,
+                         max_response=64, mini_batch_rows=len(rows), train_forced=True,
+                         old_logprobs=old_logprobs)  # fmt: skip
+
+    own = batch(None)
+    recomputed = batch(lambda b: np.asarray(make_logprob_fn(graphdef)(params, b)))
+    assert own.keys() == recomputed.keys()
+    for key in own:
+        np.testing.assert_allclose(own[key], recomputed[key], atol=1e-4, rtol=0, err_msg=key)
+    start = max(len(r.prompt_ids) for r in rows)
+    for i, r in enumerate(rows):
+        assert (own["old_logprobs"][i, start : start + r.forced_tokens] < 0).all()
+
+
 def test_branching_that_cannot_work_is_refused_at_start_up():
     c = load_config("base")  # ALFWorld: no action openers
     c.rollout.branch_openers = True
@@ -255,17 +311,15 @@ def test_branching_that_cannot_work_is_refused_at_start_up():
     qa.model.path, qa.model.required = "", False
     qa.rollout.branch_at, qa.rollout.branch_openers = 1, True
     validate(qa)
-    qa.rollout.train_openers, qa.train.old_logprobs = True, "recompute"
-    validate(qa)
-    qa.rollout.branch_openers, qa.train.old_logprobs = False, "sampler"
+    for old in ("recompute", "sampler"):  # the sampler scores the forced openers it is given
+        qa.rollout.train_openers, qa.train.old_logprobs = True, old
+        validate(qa)
+    qa.rollout.branch_openers = False
     with pytest.raises(ValueError) as err:
         validate(qa)
     assert (
         "--config.rollout.train_openers=True: needs rollout.branch_openers or rollout.expert_branch"
         in str(err.value)
-    )
-    assert "--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is 'sampler')" in str(
-        err.value
     )
 
 

@@ -3,6 +3,8 @@ plain-Python string search, and itself on one device vs the fake 8-device mesh."
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from flax import nnx
 from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
+from roleagent_jax.logprobs import token_logprobs
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling import stops as stops_lib
@@ -83,6 +86,38 @@ def test_logprobs_equal_teacher_forced_forward_and_top_k_holds(setup, plain):
             steps[np.arange(len(o.token_ids)), o.token_ids] >= np.sort(steps, axis=-1)[:, -8] - 1e-5
         )
         assert np.all(np.asarray(o.logprobs) < 0)
+
+
+def test_scored_prompt_tokens_equal_the_training_forward(setup, plain):
+    """A request's last prompt tokens scored in the prefill (the tokens a caller forced) are the training
+    forward's log-probs of them (`logprobs.token_logprobs` of the left-padded prompts), in one batch of
+    prompts of four lengths scoring several tokens, all but the first (a request that only scores: no
+    new token) and none; the sampled tokens stay those of a call that scores nothing."""
+    p = setup["prompts"]  # 3, 16, 5 and 1 tokens
+    reqs = [SampleRequest(p[0], 6, score_tokens=2), SampleRequest(p[1], 0, score_tokens=len(p[1]) - 1),
+            SampleRequest(p[2], 5), SampleRequest(p[3], 4)]  # fmt: skip
+    out = plain.generate(setup["params"], reqs, SamplingParams(greedy=True), jax.random.key(0))
+    ids, mask = left_padded([r.prompt_ids for r in reqs])
+    logits = setup["model"](jnp.asarray(ids), jnp.asarray(mask))
+    ref, _ = token_logprobs(logits, jnp.asarray(ids))
+    for b, (r, o) in enumerate(zip(reqs, out)):
+        assert len(o.prompt_logprobs) == r.score_tokens
+        if r.score_tokens:
+            np.testing.assert_allclose(o.prompt_logprobs, ref[b, -r.score_tokens :], atol=1e-4, rtol=0)
+    assert (out[1].token_ids, out[1].text, out[1].finish_reason) == ([], "", "length")
+    unscored = [dataclasses.replace(r, score_tokens=0, max_new_tokens=r.max_new_tokens or 1) for r in reqs]
+    again = plain.generate(setup["params"], unscored, SamplingParams(greedy=True), jax.random.key(0))
+    for r, o, a in zip(reqs, out, again):
+        assert o.token_ids == a.token_ids[: r.max_new_tokens] and a.prompt_logprobs == []
+        np.testing.assert_allclose(o.logprobs, a.logprobs[: r.max_new_tokens], atol=1e-5, rtol=0)
+
+
+def test_scoring_asks_for_tokens_that_have_a_predictor(setup, plain):
+    p = setup["prompts"][0]
+    for bad, msg in ((SampleRequest(p, 4, score_tokens=len(p)), "score_tokens must be in \\[0, 2\\]"),
+                     (SampleRequest(p, 0), "max_new_tokens=0 must score some prompt tokens")):  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            plain.generate(setup["params"], [bad], SamplingParams(greedy=True), jax.random.key(0))
 
 
 def test_compiles_once_per_bucket_and_not_for_new_weights(setup):

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
+from roleagent_jax.logprobs import token_logprobs
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.models.qwen2 import (
     attention_partials,
@@ -90,6 +91,7 @@ def _assert_same(out, ref, atol=1e-5):
             r.role,
         )
         np.testing.assert_allclose(o.logprobs, r.logprobs, atol=atol, rtol=0)
+        np.testing.assert_allclose(o.prompt_logprobs, r.prompt_logprobs, atol=atol, rtol=0)
 
 
 def test_shared_prefix_greedy_equals_plain_path(setup):
@@ -161,6 +163,37 @@ def test_sampled_logprobs_equal_the_training_forward(setup):
         np.testing.assert_allclose(
             o.logprobs, logp[b, np.arange(start - 1, width - 1), o.token_ids], atol=1e-4
         )
+
+
+def test_scored_prompt_tokens_stay_out_of_the_shared_prefix(setup):
+    """Rows of a sharing group that score their last k prompt tokens (forced openers, a forced step that
+    generates nothing, identical prompts) keep k + 1 tokens of their own, so the prefix stops short of
+    them: the scores and tokens are the plain layout's, and the scores the training forward's."""
+    tok, sampler, params = setup["tok"], setup["sampler"], setup["params"]
+    head = tok.encode(" ".join(TEXTS))
+    same = tok.encode(" ".join(TEXTS[1:] + TEXTS[:1]))[:100]
+    reqs = [
+        SampleRequest(head + tok.encode(t), n, group="A", score_tokens=k)
+        for t, n, k in ((" take apple 1", 6, 3), (" take apple 2", 5, 0), (" go to fridge 1", 0, 6))
+    ]
+    reqs += [SampleRequest(same, 7, group="B", score_tokens=2) for _ in range(2)]  # fmt: skip
+    out = sampler.generate(params, reqs, GREEDY, jax.random.key(0))
+    layout = sampler.last_layout
+    assert layout is not None
+    where = {
+        int(s): g for g, row in enumerate(layout.slots.reshape(layout.groups, -1)) for s in row if s >= 0
+    }
+    for members in ([0, 1, 2], [3, 4]):
+        own = min(len(reqs[i].prompt_ids) - reqs[i].score_tokens - 1 for i in members)
+        share = min(_common([reqs[i].prompt_ids for i in members]), own)
+        assert share > 90 and all(layout.prefix_len[where[i]] == share for i in members)
+    _assert_same(out, sampler.generate(params, _ungrouped(reqs), GREEDY, jax.random.key(0)))
+    ids, mask = left_padded([r.prompt_ids for r in reqs])
+    ref, _ = token_logprobs(setup["model"](jnp.asarray(ids), jnp.asarray(mask)), jnp.asarray(ids))
+    for b, (r, o) in enumerate(zip(reqs, out)):
+        assert len(o.prompt_logprobs) == r.score_tokens
+        if r.score_tokens:
+            np.testing.assert_allclose(o.prompt_logprobs, ref[b, -r.score_tokens :], atol=1e-4, rtol=0)
 
 
 def test_shared_layouts_compile_once_per_shape(setup):

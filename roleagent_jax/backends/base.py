@@ -1,7 +1,11 @@
 """The rollout backend: what the trainer, the evaluation policy and AIW's analyst need from whatever turns
 prompts into text. Two calls (new weights in, answers out), so a second backend (a server-side engine,
 an asynchronous rollout worker) plugs in behind `make_backend` without the callers changing. The
-log-probs the update needs come from the trainer's own forward pass, never from a backend.
+update's old log-probs come from the trainer's own forward pass (`train.old_logprobs=recompute`) or
+from a backend's answers (`sampler`): the log-probs of the tokens it sampled and of the prompt tokens a
+request asks it to score (`SampleRequest.score_tokens`: forced tokens that are trained), both
+log_softmax of the policy's raw logits, as the trainer computes them. The reference's never come from a
+backend.
 
 The registry names each backend's class by module and attribute, so the config reads the names and
 a run imports only the backend it uses.
@@ -28,7 +32,8 @@ class RolloutBackend(Protocol):
     def generate(
         self, requests: Sequence[SampleRequest], sampling: SamplingParams, key: jax.Array
     ) -> list[SampleResult]:
-        """One batched call: every request answered, in order."""
+        """One batched call: every request answered, in order, with the log-probs of its sampled tokens
+        and of its `score_tokens` last prompt tokens (`SampleResult.prompt_logprobs`)."""
 
 
 # name -> "module:class"; the class is built as cls(graphdef, model_config, tokenizer, mesh, **options).

@@ -149,11 +149,6 @@ def _branch_errors(config: ConfigDict, family) -> list[str]:
             "--config.rollout.train_openers=True: needs rollout.branch_openers or rollout.expert_branch "
             "(nothing is forced)"
         )
-    if r.train_openers and config.train.old_logprobs != "recompute":
-        errors.append(
-            f"--config.rollout.train_openers=True: needs train.old_logprobs='recompute' (is "
-            f"{config.train.old_logprobs!r}): the sampler scored no forced token"
-        )
     return errors
 
 

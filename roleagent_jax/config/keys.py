@@ -111,8 +111,9 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     # Forced openers explore; only a gradient on them teaches the choice itself (a greedy model that never
     # searches twice gets none from the tokens after a forced <search>).
     Key("train_openers", False, "a branch's forced opener is trained as if the policy had sampled it: its "
-        "old log-prob is the policy's own (ratio 1 at first), its advantage the step's; False: openers only "
-        "explore and carry no gradient"),
+        "old log-prob is the policy's own (ratio 1 at first; the sampler scores it in its prefill, so "
+        "train.old_logprobs=sampler needs no pass of its own), its advantage the step's; False: openers "
+        "only explore and carry no gradient"),
 ])  # fmt: skip
 
 ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
@@ -154,7 +155,8 @@ TRAIN = Section("train", "the update", [
     Key("micro_batch_rows", 32, "rows per accumulation micro-batch (divides mini_batch_rows)", ge=1),
     Key("ppo_epochs", 1, "passes over an iteration's rows", ge=1),
     Key("old_logprobs", "recompute", "recompute: a forward pass before the update (robust to a "
-        "lower-precision sampler) | sampler: the rollout's own log-probs, one pass fewer",
+        "lower-precision sampler) | sampler: the rollout's own log-probs (forced tokens scored by its "
+        "prefill when trained), one pass fewer",
         choices=("recompute", "sampler")),
 ])  # fmt: skip
 

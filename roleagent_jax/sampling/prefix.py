@@ -3,7 +3,8 @@
 Requests that declare the same `group` (and have the same `role`) are one sharing group: the longest
 common token prefix of their prompts is prefilled once, its KV stored once, and every row keeps only
 its own suffix and generated tokens. At least the last prompt token stays in each row's suffix (its
-logits start generation), so identical prompts share all but one token.
+logits start generation), so identical prompts share all but one token; a row that scores its prompt's
+last k tokens keeps k + 1 (the prefill's logits score only the rows' own tokens).
 
 The call's rows form a ``[groups, rows_per_group]`` grid: a sharing group fills consecutive rows of
 one grid group (several grid groups when it is larger than the row count), ungrouped requests fill
@@ -56,14 +57,17 @@ def common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def sharing_groups(
-    prompts: Sequence[Sequence[int]], keys: Sequence[Hashable | None]
+    prompts: Sequence[Sequence[int]],
+    keys: Sequence[Hashable | None],
+    keep: Sequence[int] | None = None,
 ) -> tuple[list[tuple[list[int], int]], list[int]]:
     """``([(member request indices, shared prefix length), ...], ungrouped indices)``.
 
     Requests with equal non-None keys form a group; a group shares its common prefix capped so that
-    every member keeps at least one token of its own. Groups of one request, or with nothing to share,
-    are returned as ungrouped.
+    every member keeps at least ``keep[i]`` tokens of its own (default 1). Groups of one request, or
+    with nothing to share, are returned as ungrouped.
     """
+    keep = [1] * len(prompts) if keep is None else keep
     members: dict[Hashable, list[int]] = {}
     loose: list[int] = []
     for i, key in enumerate(keys):
@@ -73,7 +77,7 @@ def sharing_groups(
             members.setdefault(key, []).append(i)
     groups = []
     for idx in members.values():
-        share = min(common_prefix_len([prompts[i] for i in idx]), min(len(prompts[i]) for i in idx) - 1)
+        share = min(common_prefix_len([prompts[i] for i in idx]), min(len(prompts[i]) - keep[i] for i in idx))
         if len(idx) > 1 and share > 0:
             groups.append((idx, share))
         else:
@@ -139,6 +143,7 @@ def plan_layout(
     prompt_buckets: Sequence[int],
     batch_buckets: Sequence[int],
     row_multiple: int = 1,
+    keep: Sequence[int] | None = None,
 ) -> PrefixLayout | None:
     """The cheapest shared-prefix layout of these requests, or None when sharing would not save work
     over the plain layout (rows of the bucketed longest prompt).
@@ -148,9 +153,9 @@ def plan_layout(
     decode steps. Rows per group are powers of two up to the largest sharing group or a sharing
     group's exact size (groups of 5 fill grid groups of 5); the grid covers a batch bucket (calls
     reuse a few batch shapes) and its group count is a multiple of ``row_multiple`` (the batch shards,
-    which must hold whole groups).
+    which must hold whole groups). ``keep``: each row's fewest own prompt tokens (`sharing_groups`).
     """
-    groups, loose = sharing_groups(prompts, keys)
+    groups, loose = sharing_groups(prompts, keys, keep)
     if not groups:
         return None
     shared_len = {i: share for idx, share in groups for i in idx}

@@ -1,11 +1,13 @@
 """One batched, jitted sampler for every role of the policy (agent, predictor, analyst).
 
 A call takes requests of any prompt length and returns, per request, the generated ids, their
-log-probs under the policy at temperature 1, the text and why generation ended. Shapes are rounded
-up to buckets (batch, prompt length, new tokens, stop-string sizes) so a long run compiles a handful
-of programs; the weights are an argument of both jitted functions, so a new policy every training
-step never recompiles. Prompts are left-padded so that every row writes its new token into the same
-cache slot; per-row positions keep RoPE right.
+log-probs under the policy at temperature 1, the text and why generation ended; on request also the
+log-probs of the prompt's last tokens (tokens the caller forced, e.g. a branch's opener), read off the
+prefill's logits, so a forced token's old log-prob needs no forward pass of its own. Shapes are
+rounded up to buckets (batch, prompt length, new tokens, stop-string sizes) so a long run compiles a
+handful of programs; the weights are an argument of both jitted functions, so a new policy every
+training step never recompiles. Prompts are left-padded so that every row writes its new token into
+the same cache slot; per-row positions keep RoPE right.
 
 Requests may declare a `group`: rows of one (role, group) share the longest common prefix of their
 prompts, which is then prefilled once per group, stored once, and read once per group by every decode
@@ -16,7 +18,7 @@ the shared and per-row attentions exactly).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +69,10 @@ class SampleRequest:
     Cut off, or left out, it returns what it generated (possibly nothing) with finish_reason
     "paused", for a later call to continue (its prompt plus those tokens, the remaining budget). A call
     of background rows only runs them to the end.
+
+    `score_tokens`: the prompt's last tokens to score (tokens the caller forced: a branch's opener, a step
+    played whole), returned as `SampleResult.prompt_logprobs`. They stay in the row's own prompt, never
+    in a shared prefix. With `max_new_tokens` 0 the request only scores them and generates nothing.
     """
 
     prompt_ids: list[int]
@@ -75,6 +81,7 @@ class SampleRequest:
     role: str = "agent"
     group: Hashable | None = None
     background: bool = False
+    score_tokens: int = 0
 
 
 @dataclass
@@ -88,6 +95,8 @@ class SampleResult:
     text: decoded text; with a stop it ends exactly at the end of the first stop string (the stop is
         kept, e.g. "...</action>", so an action parser sees the closing tag); without the EOS token.
     finish_reason: "eos" | "stop" | "length" | "paused" (a background row cut off, see SampleRequest).
+    prompt_logprobs: the request's `score_tokens` last prompt tokens, scored like `logprobs` (each given
+        the tokens before it), in prompt order.
     """
 
     token_ids: list[int]
@@ -95,6 +104,7 @@ class SampleResult:
     text: str
     finish_reason: str
     role: str
+    prompt_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -197,8 +207,8 @@ class Sampler:
         self._foreground_rows = 0  # batch rows of the last call that had a foreground request
         self._pieces: list[bytes] | None = None
         self._table: tuple[jax.Array, jax.Array] | None = None
-        self._prefill = jax.jit(self._prefill_fn, static_argnames=("cache_len",))
-        self._prefill_shared = jax.jit(self._prefill_shared_fn, static_argnames=("cache_len",))
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("cache_len", "tail"))
+        self._prefill_shared = jax.jit(self._prefill_shared_fn, static_argnames=("cache_len", "tail"))
         self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
 
     # ---------------------------------------------------------------- placement helpers
@@ -250,25 +260,30 @@ class Sampler:
         return self._table
 
     # ---------------------------------------------------------------- jitted programs
-    def _prefill_fn(self, params, ids, mask, *, cache_len: int):
+    def _prefill_fn(self, params, ids, mask, *, cache_len: int, tail: int):
         """Run the whole (left-padded) prompt through the model, filling cache slots [0, P).
 
-        Only the last slot's logits are needed. The prompt goes in as two calls, all but the last
-        token and then the last one, so the unused logits of the first call are dead code that XLA
-        drops: the vocabulary projection runs for one position per row instead of P. The cache is
-        allocated once at its decoding size (no prompt-sized copy), since on accelerators it is the
-        largest buffer of a rollout.
+        Only the last ``tail`` slots' logits are needed: the last one starts generation, the others
+        score the prompt's last ``tail - 1`` tokens (``SampleRequest.score_tokens``; ``tail`` is 1 when
+        no row scores any). The prompt goes in as two calls, all but the last ``tail`` tokens and then
+        those, so the unused logits of the first call are dead code that XLA drops: the vocabulary
+        projection runs for ``tail`` positions per row instead of P. The cache is allocated once at its
+        decoding size (no prompt-sized copy), since on accelerators it is the largest buffer of a
+        rollout. Returns the last slot's logits, the cache and the scores ``[B, tail - 1]``.
         """
         self.num_compilations += 1
         model = nnx.merge(self.graphdef, params)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        return self._fill(model, ids, mask, positions, cache_len, None)
+        return self._fill(model, ids, mask, positions, cache_len, None, tail)
 
-    def _prefill_shared_fn(self, params, prefix_ids, prefix_mask, ids, mask, offset, *, cache_len: int):
+    def _prefill_shared_fn(
+        self, params, prefix_ids, prefix_mask, ids, mask, offset, *, cache_len: int, tail: int
+    ):
         """Prefill each group's shared prefix once (``[groups, prefix]``, left-padded, its own cache of
         exactly that many slots), then every row's own prompt suffix, positioned after its group's
-        prefix (``offset`` tokens) and attending over it. Returns the prefill's logits, the rows' cache
-        and the prefix (``SharedPrefix``), which decoding reads but never writes."""
+        prefix (``offset`` tokens) and attending over it. Returns the prefill's logits, the rows' cache,
+        the scores of ``_prefill_fn`` and the prefix (``SharedPrefix``), which decoding reads but never
+        writes."""
         self.num_compilations += 1
         model = nnx.merge(self.graphdef, params)
         groups, span = prefix_ids.shape
@@ -279,14 +294,14 @@ class Sampler:
         )
         prefix = self._constrain_prefix(SharedPrefix(prefix_cache, prefix_mask.astype(bool)))
         positions = offset[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        logits, cache = self._fill(model, ids, mask, positions, cache_len, prefix)
-        return logits, cache, prefix
+        logits, cache, scores = self._fill(model, ids, mask, positions, cache_len, prefix, tail)
+        return logits, cache, scores, prefix
 
-    def _fill(self, model, ids, mask, positions, cache_len: int, prefix: SharedPrefix | None):
+    def _fill(self, model, ids, mask, positions, cache_len: int, prefix: SharedPrefix | None, tail: int):
         batch, plen = ids.shape
         cache = self._constrain_cache(init_cache(self.config, batch, cache_len))
         kv_mask = jnp.concatenate([mask.astype(bool), jnp.zeros((batch, cache_len - plen), bool)], axis=1)
-        head = plen - 1
+        head = plen - tail
         if head:
             _, cache = model.decode(
                 ids[:, :head], positions[:, :head], cache, jnp.int32(0), kv_mask, fresh=True, prefix=prefix
@@ -294,7 +309,12 @@ class Sampler:
         logits, cache = model.decode(
             ids[:, head:], positions[:, head:], cache, jnp.int32(head), kv_mask, prefix=prefix
         )
-        return self._constrain(logits[:, -1]), self._constrain_cache(cache)
+        # the training forward's log-prob (logprobs.token_logprobs): the raw float32 logits at t - 1
+        # score token t, at temperature 1, as `choose_tokens` scores a sampled token
+        given = logits[:, :-1].astype(jnp.float32)
+        picked = jnp.take_along_axis(given, ids[:, head + 1 :, None], axis=-1)[..., 0]
+        scores = self._constrain(picked - jax.nn.logsumexp(given, axis=-1))
+        return self._constrain(logits[:, -1]), self._constrain_cache(cache), scores
 
     def _decode_fn(
         self,
@@ -391,6 +411,7 @@ class Sampler:
         carry = (jnp.int32(1), tok, cache, state)
         steps, _, cache, state = jax.lax.while_loop(keep_going, one_token, carry)
         tokens, logps, done, finish, n_gen, _ = state
+        finish = jnp.where(max_new <= 0, _LENGTH, finish)  # a request that only scores its prompt
         finish = jnp.where(done, finish, _PAUSED)  # only background rows can stop unfinished
         n_gen = jnp.where(done, n_gen, steps)
         # The cache is returned (and dropped by the caller) so the donated input buffer can alias it:
@@ -477,11 +498,18 @@ class Sampler:
         lo, hi = min(r.prompt_ids), max(r.prompt_ids)
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"prompt ids must lie in [0, {self.config.vocab_size}), got min {lo} max {hi}")
-        if not 1 <= r.max_new_tokens <= self.max_new_tokens_cap:
+        if not 0 <= r.max_new_tokens <= self.max_new_tokens_cap:
             raise ValueError(
-                f"max_new_tokens must be in [1, {self.max_new_tokens_cap}] (the sampler's max_new_tokens_cap), "
+                f"max_new_tokens must be in [0, {self.max_new_tokens_cap}] (the sampler's max_new_tokens_cap), "
                 f"got {r.max_new_tokens}"
             )
+        if not 0 <= r.score_tokens < len(r.prompt_ids):
+            raise ValueError(
+                f"score_tokens must be in [0, {len(r.prompt_ids) - 1}] (the prompt's tokens after its first, "
+                f"which nothing predicts), got {r.score_tokens}"
+            )
+        if not (r.max_new_tokens or r.score_tokens):
+            raise ValueError("a request with max_new_tokens=0 must score some prompt tokens (score_tokens)")
         if isinstance(r.stop, str) or any(not isinstance(s, str) or not s for s in r.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {r.stop!r}")
         try:
@@ -509,6 +537,7 @@ class Sampler:
             layout = plan_layout(
                 [r.prompt_ids for r in requests],
                 [_sharing_key(r) for r in requests],
+                keep=[r.score_tokens + 1 for r in requests],
                 new_tokens=new_tokens,
                 prompt_buckets=self.prompt_buckets,
                 batch_buckets=self.batch_buckets,
@@ -556,27 +585,35 @@ class Sampler:
         eos = self._put_replicated(np.array(self.eos_ids or [-1], np.int32))
         prompt_mask = self._put_rows(mask)
         cache_len = plen + new_tokens
+        # the prefill's scored columns, in few shapes: the most tokens a row scores plus the last slot
+        scored = max(r.score_tokens for r in requests)
+        tail = min(plen, _pow2_at_least(scored + 1, 8)) if scored else 1
         if layout is None:
             prefix = offset = None
-            logits, cache = self._prefill(params, self._put_rows(ids), prompt_mask, cache_len=cache_len)
+            logits, cache, scores = self._prefill(
+                params, self._put_rows(ids), prompt_mask, cache_len=cache_len, tail=tail
+            )
         else:
             prefix_ids, prefix_mask = self._prefix_arrays(requests, layout)
             offset = self._put_rows(skip.astype(np.int32))
-            logits, cache, prefix = self._prefill_shared(
-                params, prefix_ids, prefix_mask, self._put_rows(ids), prompt_mask, offset, cache_len=cache_len
-            )
+            logits, cache, scores, prefix = self._prefill_shared(
+                params, prefix_ids, prefix_mask, self._put_rows(ids), prompt_mask, offset,
+                cache_len=cache_len, tail=tail,
+            )  # fmt: skip
         out = self._decode(
             params, cache, logits, prompt_mask, self._put_rows(max_new), self._put_rows(background),
             stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, prefix, offset, mode=mode,
         )  # fmt: skip
         tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process
+        scores = distributed.fetch(scores) if scored else None
         results: list[SampleResult | None] = [None] * n
         for b, s in enumerate(slots):
             if s >= 0:
-                results[s] = self._result(
-                    requests[s], tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b])
-                )
+                res = self._result(requests[s], tokens[b, : n_gen[b]], logps[b, : n_gen[b]], int(finish[b]))
+                if requests[s].score_tokens:
+                    res.prompt_logprobs = [float(x) for x in scores[b, tail - 1 - requests[s].score_tokens :]]
+                results[s] = res
         return results
 
     def _prefix_arrays(self, requests, layout: PrefixLayout) -> tuple[jax.Array, jax.Array]:
