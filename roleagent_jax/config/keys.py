@@ -156,6 +156,8 @@ TRAIN = Section("train", "the update", [
     Key("old_logprobs", "recompute", "recompute: a forward pass before the update (robust to a "
         "lower-precision sampler) | sampler: the rollout's own log-probs, one pass fewer",
         choices=("recompute", "sampler")),
+    Key("pack_rows", False, "each mini-batch's rows packed end to end in fewer grid rows (block-diagonal "
+        "attention, the same log-probs) for the log-prob passes and the update: less padding computed"),
 ])  # fmt: skip
 
 WIA = Section("wia", "world-model imagination: the policy predicts what its action will do", [
