@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import print_json  # noqa: E402
+from roleagent_jax.config import CONFIG  # noqa: E402
 from roleagent_jax.logprobs import make_logprob_fn  # noqa: E402
 from roleagent_jax.losses import LossConfig  # noqa: E402
 from roleagent_jax.models import load_pretrained  # noqa: E402
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows-file", default=None, help="JSON lines with prompt_ids and response_ids")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=float, default=32.0)
+    parser.add_argument("--alpha", type=float, default=CONFIG.default("lora.alpha"))
     parser.add_argument("--top", type=int, default=8, help="adapters on the top TOP layers (0: every layer)")
     args = parser.parse_args(argv)
     if args.rows < 1 or args.rounds < 1 or args.rank < 1:
