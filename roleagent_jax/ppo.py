@@ -5,8 +5,9 @@ epochs of shuffled mini-batch steps (``ppo_epochs``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -113,6 +114,84 @@ def pack_rows(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Where ``pack_segments`` put each source row: packed row ``row[i]`` (-1: left out), columns
+    ``[offset[i], offset[i] + length[i])``, taken from source columns ``[start[i], start[i] + length[i])``
+    of a ``[n, width]`` grid."""
+
+    row: np.ndarray
+    offset: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    width: int
+
+    def unpack(self, values: np.ndarray) -> np.ndarray:
+        """Packed ``[R, width]`` values back on the source grid ``[n, width]`` (0 where nothing went)."""
+        out = np.zeros((len(self.row), self.width), np.asarray(values).dtype)
+        for i in np.flatnonzero(self.row >= 0):
+            o, s, n = self.offset[i], self.start[i], self.length[i]
+            out[i, s : s + n] = values[self.row[i], o : o + n]
+        return out
+
+
+def pack_segments(
+    grid: Mapping[str, np.ndarray], row_multiple: int = 1
+) -> tuple[dict[str, np.ndarray], Packing]:
+    """The rows of a ``pack_rows`` grid placed end to end in as few rows of the same width as first-fit
+    decreasing finds, their count rounded up to ``row_multiple`` (micro-batches, mesh rows) so that a
+    run compiles at most ``N / row_multiple`` shapes; rows with no loss token are left out.
+
+    Each row keeps its own positions from 0, and ``attention_mask`` becomes segment ids (1, 2, ... in a
+    packed row, 0 on padding) that the model reads as a block-diagonal causal mask, so every token's
+    log-prob is the one it has on the unpacked grid: only the padding work goes. ``[N, T]`` arrays
+    move with their rows, ``[N]`` ones (advantages) spread over their row's tokens; ``target_index``
+    is recomputed. Returns the packed grid and the ``Packing`` that maps it back.
+    """
+    mask = np.asarray(grid["attention_mask"]) > 0
+    n, width = mask.shape
+    live = np.asarray(grid["loss_mask"]).any(1)
+    start = mask.argmax(1)
+    length = mask.sum(1)
+    if not all(mask[i, start[i] : start[i] + length[i]].all() for i in np.flatnonzero(live)):
+        raise ValueError("pack_segments needs each row's tokens in one contiguous span (pack_rows' grid)")
+    row, offset, fill = np.full(n, -1), np.zeros(n, np.int64), []
+    for i in sorted(np.flatnonzero(live), key=lambda i: -length[i]):  # stable: equal lengths keep order
+        b = next((b for b, used in enumerate(fill) if used + length[i] <= width), len(fill))
+        if b == len(fill):
+            fill.append(0)
+        row[i], offset[i] = b, fill[b]
+        fill[b] += length[i]
+    rows = max(round_up(len(fill), row_multiple), row_multiple)
+    out: dict[str, np.ndarray] = {}
+    for key, value in grid.items():
+        if key == TARGET_KEY:
+            continue
+        value = np.asarray(value)
+        out[key] = np.zeros((rows, width), value.dtype if value.ndim == 2 else np.float32)
+    segment = np.zeros(rows, np.int64)
+    for i in np.flatnonzero(row >= 0):
+        b, o, s, k = row[i], offset[i], start[i], length[i]
+        segment[b] += 1
+        for key, value in grid.items():
+            if key == TARGET_KEY:
+                continue
+            value = np.asarray(value)
+            out[key][b, o : o + k] = value[i] if value.ndim == 1 else value[i, s : s + k]
+        out["attention_mask"][b, o : o + k] = segment[b]
+    if TARGET_KEY in grid:
+        out[TARGET_KEY] = target_index(out["loss_mask"])
+    return out, Packing(row, offset, start, length, width)
+
+
+def padded_share(grid: Mapping[str, np.ndarray]) -> float:
+    """The share of a grid's positions that hold no token of a row with a loss (padding, and rows that
+    only fill a mini-batch): the work an update does for nothing."""
+    mask = np.asarray(grid["attention_mask"]) > 0
+    useful = mask[np.asarray(grid["loss_mask"]).any(1)].sum()
+    return float(1.0 - useful / max(mask.size, 1))
+
+
 def ppo_batch(
     rows: Sequence[Any],
     advantages: np.ndarray,
@@ -124,6 +203,7 @@ def ppo_batch(
     old_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
     ref_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
     train_forced: bool = False,
+    pack: int = 0,
 ) -> dict[str, np.ndarray]:
     """One iteration's rows (``types.Row``) as PPO's host batch: the token grid, advantages, and the
     old-policy and reference log-probs, padded to whole mini-batches with zero-weight rows (every
@@ -134,7 +214,9 @@ def ppo_batch(
     (the same quantity: log_softmax of the raw logits, prompts cut to the same limit), one forward pass
     fewer; `ref_logprobs=None` makes the reference the old policy (no KL pass). `train_forced` puts the
     rows' forced tokens in the loss like sampled ones (`rollout.train_openers`); with the sampler's
-    log-probs, only rows whose forced tokens the sampler scored (`Row.forced_scored`).
+    log-probs, only rows whose forced tokens the sampler scored (`Row.forced_scored`). `pack` > 0 runs
+    the log-prob passes on each mini-batch's rows packed (`pack_segments` with that row multiple), the
+    same log-probs for less padding.
     """
     unscored = sum(1 for r in rows if r.forced_tokens and not r.forced_scored)
     if train_forced and old_logprobs is None and unscored:
@@ -160,9 +242,15 @@ def ppo_batch(
 
     def chunked(fn: Callable[[dict[str, jax.Array]], np.ndarray]) -> np.ndarray:
         keys = (*MODEL_KEYS, "loss_mask", TARGET_KEY)
-        return np.concatenate(
-            [fn({k: jnp.asarray(packed[k][s : s + mb]) for k in keys}) for s in range(0, padded, mb)]
-        )
+        out = []
+        for s in range(0, padded, mb):
+            chunk = {k: packed[k][s : s + mb] for k in keys}
+            if pack:
+                chunk, packing = pack_segments(chunk, pack)
+                out.append(packing.unpack(np.asarray(fn({k: jnp.asarray(v) for k, v in chunk.items()}))))
+            else:
+                out.append(np.asarray(fn({k: jnp.asarray(v) for k, v in chunk.items()})))
+        return np.concatenate(out)
 
     packed["old_logprobs"] = packed.pop("sampler_logprobs") if old_logprobs is None else chunked(old_logprobs)
     packed["ref_logprobs"] = chunked(ref_logprobs) if ref_logprobs is not None else packed["old_logprobs"]
@@ -179,18 +267,25 @@ def ppo_epochs(
     epochs: int,
     rng: np.random.Generator,
     frozen: Any = None,
+    pack: int = 0,
 ) -> tuple[TrainState, dict[str, float]]:
     """PPO epochs over shuffled mini-batches of a `ppo_batch` (its first `n_rows` rows are real; the
-    padding rows stay last). Returns the new state, each metric's mean over the steps and each phase's
-    total seconds (``time/update/forward_backward``, ``time/update/optimizer``)."""
+    padding rows stay last). `pack` > 0 packs each mini-batch's rows (`pack_segments`, that row
+    multiple) after the shuffle, so the steps see the same rows as unpacked. Returns the new state,
+    each metric's mean over the steps (``update/padded_share``: the share of grid positions that hold
+    no row's token) and each phase's total seconds (``time/update/forward_backward``,
+    ``time/update/optimizer``)."""
     padded, mb = len(packed["advantages"]), mini_batch_rows
     sums: dict[str, list[float]] = {}
     times: dict[str, float] = {}
     for _ in range(epochs):
         order = np.concatenate([rng.permutation(n_rows), np.arange(n_rows, padded)])
         for start in range(0, padded, mb):
-            idx = order[start : start + mb]
-            state, metrics = train_step(state, {k: jnp.asarray(v[idx]) for k, v in packed.items()}, frozen)
+            batch = {k: v[order[start : start + mb]] for k, v in packed.items()}
+            if pack:
+                batch = pack_segments(batch, pack)[0]
+            sums.setdefault("update/padded_share", []).append(padded_share(batch))
+            state, metrics = train_step(state, {k: jnp.asarray(v) for k, v in batch.items()}, frozen)
             for k, v in metrics.items():
                 sums.setdefault(f"update/{k}", []).append(float(v))
             for k, v in getattr(train_step, "times", {}).items():  # a TrainStep times its phases

@@ -218,15 +218,25 @@ class Trainer:
             mini_batch_rows=c.train.mini_batch_rows,
             old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
-            train_forced=c.rollout.train_openers,
+            train_forced=c.rollout.train_openers, pack=self._pack_multiple(),
         )  # fmt: skip
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)
         self.state, metrics = ppo_epochs(
             self.train_step, self.state, packed, len(rows), mini_batch_rows=c.train.mini_batch_rows,
             epochs=c.train.ppo_epochs, rng=np.random.default_rng([c.seed, it]), frozen=self.weights.base,
+            pack=self._pack_multiple(),
         )  # fmt: skip
         return {**metrics, **{f"time/update/{k}": v for k, v in times.items()}}
+
+    def _pack_multiple(self) -> int:
+        """0 without `train.pack_rows`; else what a packed row count must divide by: the micro-batches
+        times the mesh's batch shards."""
+        c = self.config
+        if not c.train.pack_rows:
+            return 0
+        micro = c.train.mini_batch_rows // c.train.micro_batch_rows
+        return micro * self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
     def _old_logprobs(self, batch) -> np.ndarray:
         return self.logprobs(batch, self.policy_params())

@@ -292,6 +292,9 @@ def validate(config: ConfigDict) -> ConfigDict:
     mini, micro = config.train.mini_batch_rows, config.train.micro_batch_rows
     if micro >= 1 and mini % micro:
         errors.append(f"--config.train.mini_batch_rows={mini} must be a multiple of micro_batch_rows={micro}")
+    if config.train.pack_rows and config.loss.agg != "token-mean":
+        errors.append(f"--config.train.pack_rows=True needs loss.agg=token-mean, not {config.loss.agg!r}: "
+                      "a packed grid row holds several rows")  # fmt: skip
     if errors:
         raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
     return config

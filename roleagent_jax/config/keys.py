@@ -158,6 +158,8 @@ TRAIN = Section("train", "the update", [
         "lower-precision sampler) | sampler: the rollout's own log-probs (forced tokens scored by its "
         "prefill when trained), one pass fewer",
         choices=("recompute", "sampler")),
+    Key("pack_rows", False, "each mini-batch's rows packed end to end in fewer grid rows (block-diagonal "
+        "attention, the same log-probs) for the log-prob passes and the update: less padding computed"),
 ])  # fmt: skip
 
 WIA = Section("wia", "world-model imagination: the policy predicts what its action will do", [

@@ -208,14 +208,16 @@ def merge_attention(*parts: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array
     return out / total[..., None]
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int) -> jax.Array:
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array, chunk: int) -> jax.Array:
     """Causal self-attention over a full sequence (q ``[B, T, N, D]``, k/v ``[B, KV, T, D]``), in query
     chunks of ``chunk`` rows.
 
     Chunk ``[s, e)`` only reads keys ``[0, e)``: the masked upper triangle is mostly never computed
     (about half the attention FLOPs at long lengths) and each chunk's scores stay cache-sized.
-    ``key_mask`` bool ``[B, S]`` marks real tokens; ``chunk <= 0`` means one chunk. Long sequences use
-    bigger chunks so that at most ``_MAX_CHUNKS`` are unrolled (compile time stays bounded).
+    ``segments`` int ``[B, S]``: 0 on padding, and a token reads only the earlier tokens of its own
+    segment (a 0/1 mask is one segment per row; several make a packed row of independent sequences,
+    a block-diagonal causal mask). ``chunk <= 0`` means one chunk. Long sequences use bigger chunks so
+    that at most ``_MAX_CHUNKS`` are unrolled (compile time stays bounded).
     """
     t = q.shape[1]
     chunk = t if chunk <= 0 else max(chunk, -(-t // _MAX_CHUNKS))  # bound the unrolled chunk count
@@ -223,7 +225,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
     for start in range(0, t, chunk):
         end = min(start + chunk, t)
         causal = jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :]
-        mask = causal[None] & key_mask[:, None, :end]
+        keys = segments[:, None, :end]
+        mask = causal[None] & (keys > 0) & (keys == segments[:, start:end, None])
         outs.append(grouped_attention(q[:, start:end], k[:, :, :end], v[:, :, :end], mask))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
@@ -477,14 +480,16 @@ class Qwen2ForCausalLM(nnx.Module):
         dropout_key: jax.Array | None = None,
     ) -> jax.Array:
         """The final (normed) hidden states ``[B, T, hidden]`` without the LM head: a caller that needs
-        logits at a few positions only gathers them first and calls ``head`` on those."""
+        logits at a few positions only gathers them first and calls ``head`` on those. An integer
+        ``attention_mask`` > 1 packs several sequences in a row: segment ids, each with its own
+        ``positions`` from 0 (``ppo.pack_segments``)."""
         input_ids = jnp.asarray(input_ids, jnp.int32)
         b, t = input_ids.shape
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), jnp.bool_)
-        attention_mask = jnp.asarray(attention_mask).astype(jnp.bool_)
+        attention_mask = jnp.asarray(attention_mask).astype(jnp.int32)  # segment ids (see causal_attention)
         if positions is None:
-            positions = jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+            positions = jnp.maximum(jnp.cumsum(attention_mask > 0, axis=-1, dtype=jnp.int32) - 1, 0)
         x = self._run_layers(self._embed(input_ids), positions, attention_mask, dropout_key)
         return self.final_norm(x)
 
