@@ -4,6 +4,11 @@ A task group whose episodes all end alike gets episode advantage 0 on every row;
 rows all get advantage 0 adds nothing to the policy gradient. Their shares say how much of an
 iteration's sampling was spent without signal (DAPO drops such groups and samples more; we cannot
 afford more, so we measure them and may leave them out of the update). Pure functions of arrays.
+
+What leaving a flat group out changes: its rows' policy-gradient term is 0 anyway, so the update loses
+only their KL and entropy terms (the pull toward the warm start and the entropy bonus on those
+tokens) and their share of the token mean's denominator: the rows with signal then weigh more, as if
+the learning rate rose by the share of tokens dropped. It saves their forward and backward passes.
 """
 
 from __future__ import annotations
