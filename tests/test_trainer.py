@@ -351,7 +351,6 @@ def test_a_start_refused_while_building_leaves_no_workdir(tmp_path):
 
 
 @pytest.mark.slow
-
 def test_levers_run_and_the_selection_state_survives_a_resume(tmp_path):
     """Learnability selection, dropped flat groups and an upper clip of its own, in the loop: 2 + 2
     iterations equal 4 (the selection's counts come back from the checkpoint), and each iteration logs
