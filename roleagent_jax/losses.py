@@ -28,6 +28,7 @@ class LossConfig:
     """Hyper-parameters of ``policy_loss`` (defaults: the reference runs, section 5)."""
 
     clip_eps: float = 0.2
+    clip_eps_high: float = 0.0  # 0: clip_eps (symmetric clip)
     dual_clip: float | None = 3.0
     kl_type: KLType = "low_var_kl"
     kl_coef: float = 0.01
@@ -41,6 +42,8 @@ class LossConfig:
             raise ValueError(f"agg must be one of {AGGS}, got {self.agg!r}")
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError(f"clip_eps must lie in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high < 0.0:
+            raise ValueError(f"clip_eps_high must be >= 0 (0 = clip_eps), got {self.clip_eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None to disable), got {self.dual_clip}")
 
@@ -82,6 +85,7 @@ def policy_loss(
     entropy: jax.Array | None = None,
     *,
     clip_eps: float = 0.2,
+    clip_eps_high: float = 0.0,
     dual_clip: float | None = 3.0,
     kl_type: KLType = "low_var_kl",
     kl_coef: float = 0.01,
@@ -94,14 +98,18 @@ def policy_loss(
     ``ppo.pack_rows``); ``advantages`` is [B] (broadcast over the row's tokens) or [B, T].
 
     Per token with ratio r = exp(logp - old_logp) and advantage A:
-      ``max(-A r, -A clip(r, 1-eps, 1+eps))``, and for A < 0 additionally capped at ``-A * dual_clip``
-      (dual-clip: a very large ratio on a bad action cannot blow the loss up).
+      ``max(-A r, -A clip(r, 1-eps, 1+eps_high))``, and for A < 0 additionally capped at ``-A * dual_clip``
+      (dual-clip: a very large ratio on a bad action cannot blow the loss up). ``eps_high`` is
+      ``clip_eps_high``, or ``clip_eps`` when that is 0: a higher upper clip (DAPO's Clip-Higher) lets a
+      rare good token's probability grow further in one update, which keeps entropy from collapsing.
     Aggregation: ``token-mean`` -> num = sum over masked tokens, den = their count;
     ``seq-mean-token-mean`` -> num = sum over rows of the row's token mean, den = rows with >= 1 token.
 
     ``metric_sums`` hold sums over masked tokens plus ``tokens``; ``reduce_metrics`` turns accumulated
-    sums into means. Keys: pg_loss, clip_frac (clipped branch active), dual_clip_frac, approx_kl (k1 to
-    the old policy), kl_ref (when KL is on), entropy (when given), ratio.
+    sums into means. Keys: pg_loss, clip_frac (clipped branch active), clip_frac_low (ratio below 1-eps
+    with A < 0), clip_frac_high (ratio above 1+eps_high with A > 0; the two add up to clip_frac),
+    dual_clip_frac, approx_kl (k1 to the old policy), kl_ref (when KL is on), entropy (when given),
+    ratio.
     """
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
@@ -125,9 +133,12 @@ def policy_loss(
     log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     ratio = jnp.exp(log_ratio)
     loss_plain = -adv * ratio
-    loss_clip = -adv * jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    eps_high = clip_eps_high or clip_eps
+    loss_clip = -adv * jnp.clip(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     pg = jnp.maximum(loss_plain, loss_clip)
     clip_hit = loss_clip > loss_plain
+    clip_low = (adv < 0) & (ratio < 1.0 - clip_eps)
+    clip_high = (adv > 0) & (ratio > 1.0 + eps_high)
     if dual_clip is not None:
         cap = -adv * dual_clip
         dual_hit = (adv < 0) & (pg > cap)
@@ -159,6 +170,8 @@ def policy_loss(
         "tokens": weight.sum(),
         "pg_loss": tsum(pg),
         "clip_frac": tsum(clip_hit),
+        "clip_frac_low": tsum(clip_low),
+        "clip_frac_high": tsum(clip_high),
         "dual_clip_frac": tsum(dual_hit),
         "approx_kl": tsum(old_logp - logp),
         "ratio": tsum(ratio),
@@ -189,6 +202,7 @@ def loss_from_config(cfg: LossConfig):
             mask,
             entropy,
             clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
             dual_clip=cfg.dual_clip,
             kl_type=cfg.kl_type,
             kl_coef=cfg.kl_coef,

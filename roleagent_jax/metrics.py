@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from roleagent_jax.episodes import success_summary
-from roleagent_jax.types import Row
+from roleagent_jax.group_signal import uniform_group_share, zero_group_share
+from roleagent_jax.types import Row, Trajectory
 
 if TYPE_CHECKING:
     from roleagent_jax.rollout import RolloutResult
 
 ECHO_KEYS = (
-    "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "update/loss",
-    "update/kl_ref", "update/entropy", "update/clip_frac", "wia/lms_mean", "wia/parse_rate",
+    "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "train/uniform_groups",
+    "update/loss", "update/kl_ref", "update/entropy", "update/clip_frac", "wia/lms_mean", "wia/parse_rate",
     "aiw/n_failed", "aiw/max_prob", "rollout/tokens_per_s", "time/iteration",
 )  # fmt: skip
 
@@ -123,6 +124,22 @@ def iteration_metrics(
     out.update(branch_success(stats))
     out.update({f"time/{k}": v for k, v in times.items()})
     return out
+
+
+def signal_metrics(
+    trajs: Sequence[Trajectory], rows: Sequence[Row], adv: np.ndarray, step_keys: np.ndarray
+) -> dict[str, float]:
+    """How much of the iteration's sampling carries signal: the share of task groups whose episode
+    returns are all equal (`train/uniform_groups`: no episode-level advantage) and of GiGPO's step
+    groups (task group x `step_keys`, `advantages.anchor_keys`) whose rows all get advantage 0
+    (`train/zero_step_groups`: no policy gradient at all). The entropy of the sampled tokens is the
+    update's `update/entropy`; its clip fractions are `update/clip_frac_low` and `_high`."""
+    return {
+        "train/uniform_groups": uniform_group_share(
+            [t.total_reward for t in trajs], [t.group_id for t in trajs]
+        ),
+        "train/zero_step_groups": zero_group_share(adv, [r.group_id for r in rows], step_keys),
+    }
 
 
 def branch_success(stats: dict[str, float]) -> dict[str, float]:

@@ -206,6 +206,21 @@ def aiw_rows(history: list[dict]) -> list[str]:
     ]
 
 
+SIGNAL_KEYS = ("train/uniform_groups", "train/zero_step_groups", "update/clip_frac_low",
+               "update/clip_frac_high")  # fmt: skip
+
+
+def signal_series(history: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """The waste of each iteration (`metrics.signal_metrics`) beside the update's clip fractions."""
+    out = {}
+    for key in SIGNAL_KEYS:
+        section, name = key.split("/")
+        found = _series(history, f"{section}/").get(name)
+        if found is not None:
+            out[name] = found
+    return out
+
+
 def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_state=None) -> Path:
     """Write report.md and its plots into workdir/report; returns the Markdown path."""
     out = Path(workdir) / "report"
@@ -239,6 +254,19 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
             "points",
             out / "sampling.png",
             percent=True,
+        ),
+        "Where the signal goes: groups without it, and the update's clipped tokens": _plot_lines(
+            signal_series(history),
+            "share of task groups / step groups / tokens",
+            "%",
+            out / "signal.png",
+            percent=True,
+        ),
+        "Entropy of the sampled tokens (the update's)": _plot_lines(
+            {k: v for k, v in _series(history, "update/").items() if k == "entropy"},
+            "policy entropy at the sampled tokens",
+            "nats",
+            out / "entropy.png",
         ),
         "WIA prediction accuracy": _plot_lines(
             {k: v for k, v in _series(history, "wia/").items() if k.startswith("lms")},

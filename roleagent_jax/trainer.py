@@ -27,14 +27,15 @@ from tqdm.auto import tqdm
 
 from roleagent_jax import aiw, distributed
 from roleagent_jax import run_setup as setup
-from roleagent_jax.advantages import row_advantages
+from roleagent_jax.advantages import anchor_keys, row_advantages
 from roleagent_jax.backends import make_backend
 from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.evaluate import summarize
+from roleagent_jax.group_signal import flat_groups
 from roleagent_jax.logprobs import make_logprob_fn
-from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
+from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics, signal_metrics
 from roleagent_jax.models import save_pretrained
 from roleagent_jax.models.lora import LoRAConfig
 from roleagent_jax.optimizer import TrainState
@@ -129,7 +130,9 @@ class Trainer:
         # The KL reference: the warm-started model; with LoRA the base itself (no second copy).
         self.kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
         self.weights.keep_reference(params, self.kl)
-        self.task_sampler = aiw.TaskSampler.from_config(len(self.train_pool), c.aiw, seed=c.seed)
+        self.task_sampler = aiw.TaskSampler.from_config(
+            len(self.train_pool), c.aiw, seed=c.seed, task_types=self.train_pool.task_types
+        )
         self.aiw_state = aiw.AIWState(self.task_sampler, setup.failure_memory(self.workdir, resuming))
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
         self.host.update(self.weights.host_state())  # with LoRA: the base its adapters belong to
@@ -189,15 +192,23 @@ class Trainer:
         times["wia"], t1 = time.perf_counter() - t1, time.perf_counter()
         adv = row_advantages(rows, return_multiplier=multiplier, **c.advantage.to_dict())
         times["advantages"] = time.perf_counter() - t1
+        if rows:
+            keys = anchor_keys(rows, c.advantage.anchor_similarity, c.advantage.anchor)
+            metrics.update(signal_metrics(result.trajectories, rows, adv, keys))
         if c.wia.train_predictor and result.predictor_samples:
             rows, adv = with_predictor_rows(rows, adv, result.predictor_samples)
             metrics["train/predictor_rows"] = float(len(result.predictor_samples))
+        if c.train.drop_flat_groups and rows:
+            keep = ~flat_groups(adv, [r.group_id for r in rows])
+            metrics["train/dropped_rows"] = float(len(rows) - keep.sum())
+            rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
         t1 = time.perf_counter()
         metrics.update(self._update(rows, adv, it))
         times["update"], t1 = time.perf_counter() - t1, time.perf_counter()
         if c.aiw.enabled:
             metrics.update(self._aiw(result.trajectories, it))
-        else:  # the AIW round reports the shares itself; without it they stay uniform
+        else:  # the AIW round records outcomes and reports the shares itself
+            self.task_sampler.record_episodes(result.trajectories)
             shares = self.task_sampler.type_shares(self.train_pool.task_types)
             metrics.update({f"aiw/share/{t}": p for t, p in shares.items()})
         times["aiw"] = time.perf_counter() - t1

@@ -1,5 +1,7 @@
 """policy_loss values and gradients against an independent PyTorch (float64 autograd) implementation."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,3 +170,59 @@ def test_config_validation():
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError, match="ref_logp"):
         policy_loss(x, x, None, jnp.zeros(2), x)
+
+
+def test_an_upper_clip_of_its_own_matches_an_asymmetric_reference():
+    """clip_eps_high moves only the upper bound (positive advantages); 0 is the symmetric clip, and the
+    low and high clip fractions count exactly the tokens each bound froze."""
+    logp, old, ref, adv, mask, ent = make_case(False)
+    args = [jnp.asarray(x, jnp.float32) for x in (logp, old, ref, adv, mask, ent)]
+
+    def objective(lp, **kw):
+        num, den, sums = policy_loss(lp, *args[1:], clip_eps=CLIP, kl_type="none", entropy_coef=0.0, **kw)
+        return num / den, sums
+
+    r, a = np.exp(logp - old), np.broadcast_to(adv[:, None], logp.shape)
+    live = mask > 0
+    for high in (0.0, CLIP, 0.7):
+        bound = high or CLIP
+        surr = np.maximum(-a * r, -a * np.clip(r, 1 - CLIP, 1 + bound))
+        surr = np.where(a < 0, np.minimum(surr, -a * DUAL), surr)
+        expected = (surr * mask).sum() / mask.sum()
+        (value, sums), grad = jax.value_and_grad(
+            functools.partial(objective, clip_eps_high=high), has_aux=True
+        )(args[0])
+        np.testing.assert_allclose(float(value), expected, rtol=1e-5)
+        m = {k: float(v) for k, v in reduce_metrics(sums).items()}
+        low_hit, high_hit = (a < 0) & (r < 1 - CLIP), (a > 0) & (r > 1 + bound)
+        np.testing.assert_allclose(m["clip_frac_low"], low_hit[live].mean(), rtol=1e-6)
+        np.testing.assert_allclose(m["clip_frac_high"], high_hit[live].mean(), rtol=1e-6)
+        np.testing.assert_allclose(m["clip_frac"], m["clip_frac_low"] + m["clip_frac_high"], rtol=1e-6)
+        assert np.all(np.asarray(grad)[live & high_hit] == 0.0)
+        if high == 0.7:  # log-ratio 0.5 (r = 1.65) now inside the clip: it carries gradient again
+            assert np.any(np.asarray(grad)[live & (a > 0) & (r > 1 + CLIP) & (r < 1.7)] != 0.0)
+    with pytest.raises(ValueError, match="clip_eps_high"):
+        LossConfig(clip_eps_high=-0.1)
+
+
+def test_rows_without_advantage_give_gradient_only_through_kl_and_entropy():
+    """What leaving flat groups out changes: with no KL and entropy term their rows add nothing to the
+    token-mean numerator, so dropping them only rescales the gradient by the token counts."""
+    logp, old, ref, adv, mask, ent = make_case(False)
+    adv = adv.copy()
+    adv[1] = 0.0  # a row whose group had no spread
+    kw = dict(clip_eps=CLIP, kl_type="none", entropy_coef=0.0)
+
+    def grad(rows):
+        def objective(lp):
+            num, den, _ = policy_loss(
+                lp, *(jnp.asarray(x[rows], jnp.float32) for x in (old, ref, adv, mask)), **kw
+            )
+            return num / den
+
+        return np.asarray(jax.grad(objective)(jnp.asarray(logp[rows], jnp.float32)))
+
+    every, kept = grad(np.arange(4)), grad(np.array([0, 2, 3]))
+    assert np.all(every[1] == 0.0)
+    tokens_all, tokens_kept = mask.sum(), mask[[0, 2, 3]].sum()
+    np.testing.assert_allclose(kept, every[[0, 2, 3]] * tokens_all / tokens_kept, rtol=1e-5)

@@ -92,3 +92,21 @@ def test_the_learning_curve_reads_the_same_games_before_and_after_rl(tmp_path):
     host = {"eval": evals, "iteration": 6}
     write_report(tmp_path, ConfigDict({"algo": "grpo"}), history, host)
     assert (tmp_path / "report" / "learning_curve.png").stat().st_size > 0
+
+
+def test_the_report_plots_where_the_signal_goes_and_the_entropy(tmp_path):
+    from roleagent_jax.report import signal_series
+
+    history = [
+        {"step": 1, "train/uniform_groups": 0.5, "train/zero_step_groups": 0.25, "update/clip_frac_low": 0.01,
+         "update/clip_frac_high": 0.02, "update/entropy": 0.08, "train/return": 1.0},
+        {"step": 2, "train/uniform_groups": 0.75, "update/entropy": 0.05},
+    ]  # fmt: skip
+    series = signal_series(history)
+    assert series["uniform_groups"] == ([1, 2], [0.5, 0.75])
+    assert series["zero_step_groups"] == ([1], [0.25])
+    assert set(series) == {"uniform_groups", "zero_step_groups", "clip_frac_low", "clip_frac_high"}
+    text = write_report(tmp_path, ConfigDict({"algo": "gigpo"}), history, {}).read_text()
+    assert "![Where the signal goes" in text and "![Entropy of the sampled tokens" in text
+    assert (tmp_path / "report" / "signal.png").stat().st_size > 0
+    assert (tmp_path / "report" / "entropy.png").stat().st_size > 0

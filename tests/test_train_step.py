@@ -268,3 +268,24 @@ def test_optimizer_keeps_bfloat16_params_finite():
     new = optax.apply_updates(params, updates)
     assert np.all(np.isfinite(np.asarray(new["w"], np.float32)))
     assert np.all(np.asarray(new["w"], np.float32) < 0.5)
+
+
+def test_the_upper_clip_at_its_off_value_leaves_the_update_unchanged(setup):
+    """clip_eps_high = 0 is the symmetric clip: the same step as naming clip_eps for both bounds; a
+    higher upper clip does change it (the batch's ratios reach past 1 + clip_eps)."""
+    graphdef, params, _, batch = setup
+    opt = optax.sgd(1.0)
+
+    def step(**loss):
+        cfg = dict(clip_eps=0.2, kl_type="low_var_kl", **loss)
+        return make_train_step(graphdef, opt, cfg)(
+            TrainState.create(copy(params), opt, jax.random.key(0)), batch
+        )
+
+    (off, m_off), (same, m_same), (_, m_high) = step(), step(clip_eps_high=0.2), step(clip_eps_high=0.5)
+    assert_tree_close(off.params, same.params, 0.0)
+    assert float(m_off["loss"]) == float(m_same["loss"])
+    assert float(m_off["clip_frac_high"]) > 0 and float(m_high["clip_frac_high"]) < float(
+        m_off["clip_frac_high"]
+    )
+    assert float(m_high["loss"]) != float(m_off["loss"])

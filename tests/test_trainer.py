@@ -348,3 +348,31 @@ def test_a_start_refused_while_building_leaves_no_workdir(tmp_path):
     with pytest.raises(ValueError, match="needs a retriever"):
         Trainer(c)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_levers_run_and_the_selection_state_survives_a_resume(tmp_path):
+    """Learnability selection, dropped flat groups and an upper clip of its own, in the loop: 2 + 2
+    iterations equal 4 (the selection's counts come back from the checkpoint), and each iteration logs
+    its signal shares."""
+    from roleagent_jax.trainer import Trainer
+
+    def config(name, iterations):
+        c = tiny_config(tmp_path / name, iterations)
+        c.aiw.selection, c.train.drop_flat_groups, c.loss.clip_eps_high = "learnability", True, 0.28
+        return c
+
+    full_state, full_host, full_sampler = run_trainer(config("full", 4))
+    run_trainer(config("split", 2))
+    split_state, split_host, split_sampler = run_trainer(config("split", 4))
+    assert split_host["sampled_tasks"] == full_host["sampled_tasks"]
+    assert split_sampler["plays"] == full_sampler["plays"] and sum(full_sampler["plays"]) > 0
+    assert split_sampler["wins"] == full_sampler["wins"]
+    assert_same_params(split_state.params, full_state.params)
+    trainer = Trainer(config("split", 4))
+    try:
+        metrics = trainer.iteration(4)
+    finally:
+        trainer.close()
+    assert 0.0 <= metrics["train/uniform_groups"] <= 1.0 and 0.0 <= metrics["train/zero_step_groups"] <= 1.0
+    assert "train/dropped_rows" in metrics

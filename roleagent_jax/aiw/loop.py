@@ -157,11 +157,7 @@ def aiw_round(
     )
     self_boost = float(cfg.self_boost)
     floor = float(cfg.unlearnable_weight)
-    wins: dict[int, list[float]] = {}
-    for t in played:
-        if not t.env_failed:
-            wins.setdefault(t.task_id, []).append(float(t.won))
-    state.sampler.record({task: sum(w) / len(w) for task, w in wins.items()})
+    state.sampler.record_episodes(played)
     boosts: dict[int, float] = {}
     for (traj, _), found in zip(pairs, hits):
         source = state.sampler.learnability(traj.task_id, floor)

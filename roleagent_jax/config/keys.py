@@ -135,6 +135,8 @@ ADVANTAGE = Section("advantage", "GiGPO / GRPO advantages", [
 
 LOSS = Section("loss", "the PPO loss", [
     Key("clip_eps", 0.2, "ratio clip", gt=0.0, le=1.0),
+    Key("clip_eps_high", 0.0, "upper ratio clip of positive advantages (DAPO's Clip-Higher: 0.28 lets rare "
+        "good tokens grow, against entropy collapse); 0 = clip_eps", ge=0.0),
     Key("dual_clip", 3.0, "dual-clip bound of negative advantages", gt=1.0),
     Key("kl_type", "low_var_kl", "KL to the reference", choices=("low_var_kl", "kl", "none")),
     Key("kl_coef", 0.01, "KL weight", ge=0.0),
@@ -160,6 +162,10 @@ TRAIN = Section("train", "the update", [
         choices=("recompute", "sampler")),
     Key("pack_rows", False, "each mini-batch's rows packed end to end in fewer grid rows (block-diagonal "
         "attention, the same log-probs) for the log-prob passes and the update: less padding computed"),
+    # A group whose every advantage is 0 gives the policy gradient nothing; its rows would only cost a
+    # backward pass for their KL and entropy terms (and dilute the token mean of the others).
+    Key("drop_flat_groups", False, "leave task groups whose every row's advantage is 0 out of the update "
+        "(the others' token mean then weighs only rows with signal)"),
 ])  # fmt: skip
 
 WIA = Section("wia", "world-model imagination: the policy predicts what its action will do", [
@@ -198,6 +204,11 @@ AIW = Section("aiw", "task sampling steered by analysed failures (retrieval ties
     Key("unlearnable_weight", 0.25, "boost weight of a task whose recent rollouts all fail (or all win): its "
         "groups teach nothing", ge=0.0, le=1.0),
     Key("max_tokens", 256, "analyst and chooser answer length", ge=1),
+    Key("selection", "aiw", "task sampling: aiw (the failure logits alone) | learnability (times each task's "
+        "p(1-p), p its success, Beta-smoothed toward its task type's; unseen tasks count as p = 1/2)",
+        choices=("aiw", "learnability")),
+    Key("selection_strength", 1.0, "learnability selection: probabilities times (4 p (1-p)) ** strength",
+        gt=0.0),
 ])  # fmt: skip
 
 WARMSTART = Section("warmstart", "supervised warm start on expert trajectories (0 steps = off)", [

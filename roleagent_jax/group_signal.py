@@ -1,0 +1,62 @@
+"""Where an iteration's learning signal is, and the rows that carry none.
+
+A task group whose episodes all end alike gets episode advantage 0 on every row; a step group whose
+rows all get advantage 0 adds nothing to the policy gradient. Their shares say how much of an
+iteration's sampling was spent without signal (DAPO drops such groups and samples more; we cannot
+afford more, so we measure them and may leave them out of the update). Pure functions of arrays.
+
+What leaving a flat group out changes: its rows' policy-gradient term is 0 anyway, so the update loses
+only their KL and entropy terms (the pull toward the warm start and the entropy bonus on those
+tokens) and their share of the token mean's denominator: the rows with signal then weigh more, as if
+the learning rate rose by the share of tokens dropped. It saves their forward and backward passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ZERO = 1e-6  # |advantage| at or below this is no signal (float32 rounding of exact ties)
+
+
+def _dense(*keys: np.ndarray) -> np.ndarray:
+    """One dense id per distinct tuple of keys (each an integer array of one length)."""
+    stacked = np.stack([np.asarray(k).astype(np.int64) for k in keys], axis=1)
+    return np.unique(stacked, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def uniform_group_share(returns: Sequence[float], group_ids: Sequence[int], tol: float = ZERO) -> float:
+    """Share of task groups (episodes with one group id) whose episode returns are all equal (within
+    ``tol``): their episode-level advantage is 0 on every row. 0.0 for no episodes."""
+    returns, groups = np.asarray(returns, np.float64), _dense(group_ids)
+    if returns.size == 0:
+        return 0.0
+    n = groups.max() + 1
+    spread = np.full(n, -np.inf)
+    np.maximum.at(spread, groups, returns)
+    low = np.full(n, np.inf)
+    np.minimum.at(low, groups, returns)
+    return float(np.mean(spread - low <= tol))
+
+
+def flat_groups(adv: np.ndarray, group_ids: Sequence[int], tol: float = ZERO) -> np.ndarray:
+    """Per row, whether every row of its group (same id) has advantage 0 (within ``tol``)."""
+    adv, groups = np.abs(np.asarray(adv, np.float64)), _dense(group_ids)
+    if adv.size == 0:
+        return np.zeros(0, bool)
+    largest = np.zeros(groups.max() + 1)
+    np.maximum.at(largest, groups, adv)
+    return largest[groups] <= tol
+
+
+def zero_group_share(adv: np.ndarray, *keys: Sequence[int], tol: float = ZERO) -> float:
+    """Share of the groups the ``keys`` define (rows with equal keys, e.g. task group and anchor: GiGPO's
+    step groups) whose rows all have advantage 0. 0.0 for no rows."""
+    adv = np.asarray(adv)
+    if adv.size == 0:
+        return 0.0
+    groups = _dense(*keys)
+    flat = flat_groups(adv, groups, tol)
+    first = np.unique(groups, return_index=True)[1]
+    return float(np.mean(flat[first]))

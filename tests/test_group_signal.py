@@ -1,0 +1,46 @@
+"""The waste an iteration logs, on hand-made groups with hand-counted answers."""
+
+import numpy as np
+
+from roleagent_jax.advantages import gigpo_advantages
+from roleagent_jax.group_signal import flat_groups, uniform_group_share, zero_group_share
+from roleagent_jax.metrics import signal_metrics
+from roleagent_jax.types import Row, Step, Trajectory
+
+
+def test_uniform_groups_are_those_whose_returns_are_all_equal():
+    # group 7: all won (10, 10, 10); group 3: 0 and 10; group 5: all lost; group 9: one episode
+    returns = [10.0, 10.0, 10.0, 0.0, 10.0, 0.0, 0.0, 4.5]
+    groups = [7, 7, 7, 3, 3, 5, 5, 9]
+    assert uniform_group_share(returns, groups) == 3 / 4
+    assert uniform_group_share([1.0, 1.0 + 1e-9], [0, 0]) == 1.0  # float ties are ties
+    assert uniform_group_share([], []) == 0.0
+
+
+def test_zero_advantage_step_groups_and_flat_task_groups():
+    adv = np.array([0.0, 0.0, 1.0, -1.0, 0.0, 0.0, 2e-7, 0.5])
+    task = [0, 0, 0, 0, 1, 1, 1, 2]
+    anchor = [11, 11, 12, 12, 11, 13, 13, 11]
+    # step groups: (0,11) zero, (0,12) not, (1,11) zero, (1,13) zero (2e-7 is rounding), (2,11) not
+    assert zero_group_share(adv, task, anchor) == 3 / 5
+    np.testing.assert_array_equal(flat_groups(adv, task), [False] * 4 + [True] * 3 + [False])
+    assert zero_group_share(np.zeros(0), [], []) == 0.0
+
+
+def test_signal_metrics_of_gigpo_advantages_match_the_hand_count():
+    """Two task groups of two one-step episodes from one state: the group that ends alike gets advantage 0
+    on every row, so its one step group is zero; the other group's is not."""
+    trajs = [Trajectory(0, "t", "g", won=w, group_id=g, traj_id=i) for i, (g, w) in enumerate(
+        [(0, True), (0, True), (1, True), (1, False)])]  # fmt: skip
+    rewards = [10.0, 10.0, 10.0, 0.0]
+    for t, r in zip(trajs, rewards):
+        t.steps = [Step("obs", None, "go", "go", True, r, "next", done=True)]
+    rows = [Row([1], [2], [0.0], i, g, 0, 0, 5, r, True, True) for i, (g, r) in enumerate(
+        zip([0, 0, 1, 1], rewards))]  # fmt: skip
+    adv = gigpo_advantages(
+        np.array(rewards, np.float32), np.arange(4), np.array([0, 0, 1, 1]), np.zeros(4, int),
+        np.full(4, 5, np.uint64), np.ones(4, bool),
+    )  # fmt: skip
+    keys = np.array([r.anchor_hash for r in rows], np.uint64)
+    out = signal_metrics(trajs, rows, np.asarray(adv), keys)
+    assert out == {"train/uniform_groups": 0.5, "train/zero_step_groups": 0.5}
