@@ -219,6 +219,7 @@ class Trainer:
             old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
             train_forced=c.rollout.train_openers,
+            guided_weight=self.train_step.loss_cfg.guided_weight(it, c.iterations),
         )  # fmt: skip
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)

@@ -45,6 +45,8 @@ class RolloutSettings:
     branch_at: int  # rollout.branch_at: a task group's slots share their first steps (0: none)
     branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
     expert_branch: bool  # rollout.expert_branch: a group's last branch plays the expert's step
+    expert_slots: int  # rollout.expert_slots: how many of a group's last branches do
+    expert_when: str  # rollout.expert_when: always | no_win (only in groups none of whose own won)
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -62,6 +64,8 @@ class RolloutSettings:
             branch_at=c.rollout.branch_at,
             branch_openers=c.rollout.branch_openers,
             expert_branch=c.rollout.expert_branch,
+            expert_slots=c.rollout.expert_slots,
+            expert_when=c.rollout.expert_when,
         )
 
 
@@ -72,7 +76,9 @@ class Row:
 
     `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
     `rollout.branch_openers`); they condition the rest and carry no loss unless `rollout.train_openers`
-    (their log-probs here are 0: the sampler did not score them)."""
+    (their log-probs here are 0: the sampler did not score them). `expert_tokens`: how many of them the
+    family's expert played (`rollout.expert_branch`: the whole forced step; 0 on the policy's own rows),
+    the tokens a guided loss (`loss.guided`) trains."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -88,6 +94,7 @@ class Row:
     anchor: str = ""  # the anchor itself, for similarity clustering of step groups
     state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
     forced_tokens: int = 0
+    expert_tokens: int = 0
 
 
 @dataclass
