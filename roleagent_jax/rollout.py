@@ -27,6 +27,8 @@ from roleagent_jax.wia.prompts import INLINE_STOP, inline_instruction, parse_inl
 EXPERT_BRANCH = "expert"  # what `branch_success` calls the branches that played the expert's step
 
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
+# an all-gather of every process's (still active, sampler requests): `global_call`
+Gather = Callable[[tuple[bool, list[SampleRequest]]], list[tuple[bool, list[SampleRequest]]]]
 
 
 @dataclass
@@ -83,11 +85,12 @@ def branch_slots(groups: Sequence[Hashable | None]) -> list[tuple[int, int]]:
 
 def last_slots(branches: Sequence[tuple[int, int]], k: int, leaders: set[int] | None = None) -> list[int]:
     """The slots of the last `k` branches (`branch_slots`) of each sharing group, or of the groups led by
-    `leaders`: where `rollout.expert_slots` play the expert's step. An ungrouped slot is never one."""
+    `leaders`: where `rollout.expert_slots` play the expert's step. The leader is never one (a group
+    keeps one branch of its own however few of its slots a process holds), nor an ungrouped slot."""
     size = Counter(leader for leader, _ in branches)
     return [
         slot for slot, (leader, rank) in enumerate(branches)
-        if size[leader] > 1 and rank >= size[leader] - k and (leaders is None or leader in leaders)
+        if rank >= max(size[leader] - k, 1) and (leaders is None or leader in leaders)
     ]  # fmt: skip
 
 
@@ -192,10 +195,10 @@ class SamplerAgent:
         ]
         if self.predictor is not None:
             requests += self.predictor.requests()
-        results = self.call(requests)
+        results = self.call(requests, bool(turns))
         if results is None:
             return None
-        self.calls += 1
+        self.calls += bool(requests)
         self.generated_tokens += sum(len(r.token_ids) for r in results)
         if self.predictor is not None:
             self.predictor.receive(results[len(own) :], self.predictions)
@@ -276,20 +279,24 @@ class SamplerAgent:
             self.predictor.after_step(turn, traj, sent)
 
 
-def global_call(generate: GenerateFn, gather, rank: int) -> Callable[[list[SampleRequest]], list | None]:
-    """One sampler call of this process's requests; None when there is nothing to generate.
+def global_call(
+    generate: GenerateFn, gather, rank: int
+) -> Callable[[list[SampleRequest], bool], list | None]:
+    """One sampler call of this process's requests; None when there is nothing to generate and no slot
+    still `active` (a step whose every answer is given, replayed or the expert's, generates nothing but
+    goes on: then []).
 
     With `gather` (an all-gather of every process's requests) the call is one global batch of which
     this process keeps its part, and None only when no process has anything left."""
 
-    def call(requests: list[SampleRequest]) -> list[SampleResult] | None:
+    def call(requests: list[SampleRequest], active: bool = False) -> list[SampleResult] | None:
         if gather is None:
-            return generate(requests) if requests else None
-        parts = gather(requests)
-        flat = [r for part in parts for r in part]
+            return generate(requests) if requests else ([] if active else None)
+        parts = gather((active, requests))
+        flat = [r for _, part in parts for r in part]
         if not flat:
-            return None
-        offset = sum(len(part) for part in parts[:rank])
+            return [] if any(busy for busy, _ in parts) else None
+        offset = sum(len(part) for _, part in parts[:rank])
         return generate(flat)[offset : offset + len(requests)]
 
     return call
@@ -306,7 +313,7 @@ def collect(
     seed: int = 0,
     iteration: int = 0,
     slot_offset: int = 0,
-    gather: Callable[[list[SampleRequest]], list[list[SampleRequest]]] | None = None,
+    gather: Gather | None = None,
     rank: int = 0,
 ) -> RolloutResult:
     """Play one episode in each env slot (slot i plays task_ids[i]) and return trajectories and rows.
@@ -428,9 +435,9 @@ class _Timed:
     def __init__(self, call):
         self.call, self.seconds = call, 0.0
 
-    def __call__(self, requests):
+    def __call__(self, requests, active=False):
         start = time.perf_counter()
-        out = self.call(requests)
+        out = self.call(requests, active)
         if out is not None:
             self.seconds += time.perf_counter() - start
         return out
