@@ -161,3 +161,30 @@ def test_the_opener_probability_is_the_product_of_its_token_probabilities():
         assert got[f"rollout/opener_prob/{text}/single"] == pytest.approx(each[1], rel=1e-4)
         assert got[f"rollout/opener_prob/{text}/all"] == pytest.approx(sum(each.values()) / 3, rel=1e-4)
     assert len(got) == 6
+
+
+@pytest.mark.slow
+def test_a_guided_no_win_iteration_runs_through_the_trainer_and_logs_each_openers_probability(tmp_path):
+    """One search-QA iteration of a tiny random model with every setting on: the groups (none wins)
+    replay with the expert's step, the update trains its tokens by the NLL term, and the opener
+    probabilities at the branch state are logged."""
+    from conftest import shrunk
+
+    from roleagent_jax.envs import get_family
+    from roleagent_jax.trainer import Trainer
+
+    c = shrunk(load_config("search_qa_demo"), tmp_path / "run")
+    c.model.path, c.model.required = "", False
+    c.rollout.group_size, c.rollout.branch_at, c.rollout.branch_openers = 3, 1, True
+    c.rollout.expert_branch, c.rollout.expert_when, c.rollout.train_openers = True, "no_win", True
+    c.loss.guided, c.env.eval_splits, c.env.num_workers = "nll", (), 1
+    c.train.old_logprobs = "recompute"
+    trainer = Trainer(c)
+    try:
+        metrics = trainer.iteration(0)
+    finally:
+        trainer.close()
+    for opener in get_family("search_qa").action_openers:
+        assert 0 < metrics[f"rollout/opener_prob/{opener}/all"] < 1
+    assert metrics["update/guided_tokens"] > 0 and 0 < metrics["update/guided_prob"] < 1
+    assert metrics["time/opener_prob"] > 0
