@@ -16,8 +16,10 @@ import jax.numpy as jnp
 
 KLType = Literal["low_var_kl", "kl", "none"]
 Agg = Literal["token-mean", "seq-mean-token-mean"]
+Guided = Literal["none", "shaped", "nll"]
 KL_TYPES = ("low_var_kl", "kl", "none")
 AGGS = ("token-mean", "seq-mean-token-mean")
+GUIDED = ("none", "shaped", "nll")
 # The log-ratio is clamped before exp so a stale or corrupted old log-prob cannot overflow the ratio.
 _LOG_RATIO_BOUND = 20.0
 _K3_BOUND = 10.0
@@ -34,10 +36,18 @@ class LossConfig:
     kl_coef: float = 0.01
     entropy_coef: float = 0.001
     agg: Agg = "token-mean"
+    guided: Guided = "none"
+    guided_gamma: float = 0.1
+    guided_mu: float = 0.9
+    guided_mu_end: float = 0.05
 
     def __post_init__(self) -> None:
         if self.kl_type not in KL_TYPES:
             raise ValueError(f"kl_type must be one of {KL_TYPES}, got {self.kl_type!r}")
+        if self.guided not in GUIDED:
+            raise ValueError(f"guided must be one of {GUIDED}, got {self.guided!r}")
+        if self.guided_gamma <= 0.0:
+            raise ValueError(f"guided_gamma must be > 0, got {self.guided_gamma}")
         if self.agg not in AGGS:
             raise ValueError(f"agg must be one of {AGGS}, got {self.agg!r}")
         if not 0.0 < self.clip_eps < 1.0:
@@ -60,6 +70,18 @@ class LossConfig:
         if unknown:
             raise ValueError(f"unknown loss options {sorted(unknown)}; valid: {sorted(names)}")
         return cls(**items)
+
+    def guided_weight(self, iteration: int, iterations: int) -> float | None:
+        """The weight of the expert's tokens at ``iteration`` of ``iterations``: None without a guided
+        loss, 1 for ``shaped`` (the advantage scales it), and for ``nll`` CHORD's mu, linear from
+        ``guided_mu`` at the first iteration to ``guided_mu_end`` at the last (the guidance fades as the
+        policy learns to find the expert's step itself)."""
+        if self.guided == "none":
+            return None
+        if self.guided == "shaped":
+            return 1.0
+        done = iteration / max(iterations - 1, 1)
+        return float(self.guided_mu + (self.guided_mu_end - self.guided_mu) * min(done, 1.0))
 
 
 def token_kl(logp: jax.Array, ref_logp: jax.Array, kl_type: KLType) -> jax.Array:
@@ -91,6 +113,9 @@ def policy_loss(
     kl_coef: float = 0.01,
     entropy_coef: float = 0.001,
     agg: Agg = "token-mean",
+    guided_weight: jax.Array | None = None,
+    guided: Guided = "none",
+    guided_gamma: float = 0.1,
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """Clipped surrogate + ``kl_coef`` * KL(ref) - ``entropy_coef`` * entropy, aggregated as num / den.
 
@@ -105,16 +130,35 @@ def policy_loss(
     Aggregation: ``token-mean`` -> num = sum over masked tokens, den = their count;
     ``seq-mean-token-mean`` -> num = sum over rows of the row's token mean, den = rows with >= 1 token.
 
+    Guided tokens (``guided_weight`` [B, T] > 0 on masked tokens: the expert's forced step,
+    ``ppo.pack_rows``) were chosen by the expert, not sampled, so the policy's ratio, its clip, and the
+    KL and entropy estimates (expectations under the policy's own samples) do not apply to them; each
+    gets instead, with w its weight and p = exp(logp):
+      ``shaped`` (LUFFY): ``-A * w * p / (p + gamma)``, unclipped. Its gradient in log p,
+        ``A p gamma / (p + gamma)^2``, is ~1/gamma times the raw off-policy ratio's (p / 1) for small p,
+        peaks at p = gamma (A / 4), and fades as p -> 1: a push that does not saturate the expert's
+        tokens, and, through A, one that pulls a losing expert step down.
+      ``nll`` (CHORD): ``-w * logp`` (w = mu of the iteration): the expert's step imitated whatever
+        the advantage; its gradient in log p is w at every p, so it moves even a token the policy gives
+        1%, where ``shaped`` (A p / gamma there, 0.08 A at p = 0.01) and the ratio-1 PPO term
+        (clipped once p rose 20% above the old policy's) barely do.
+    ``guided="none"`` (or no ``guided_weight``) is the plain loss above, unchanged.
+
     ``metric_sums`` hold sums over masked tokens plus ``tokens``; ``reduce_metrics`` turns accumulated
     sums into means. Keys: pg_loss, clip_frac (clipped branch active), clip_frac_low (ratio below 1-eps
     with A < 0), clip_frac_high (ratio above 1+eps_high with A > 0; the two add up to clip_frac),
     dual_clip_frac, approx_kl (k1 to the old policy), kl_ref (when KL is on), entropy (when given),
-    ratio.
+    ratio; with a guided loss also guided_tokens and guided_prob (the policy's mean probability of the
+    expert's tokens).
     """
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {KL_TYPES}, got {kl_type!r}")
     if agg not in AGGS:
         raise ValueError(f"agg must be one of {AGGS}, got {agg!r}")
+    if guided not in GUIDED:
+        raise ValueError(f"guided must be one of {GUIDED}, got {guided!r}")
+    if guided != "none" and guided_weight is None:
+        raise ValueError(f"guided={guided!r} needs guided_weight (ppo_batch's grid of the expert's tokens)")
     if logp.ndim != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
         raise ValueError(
             f"logp, old_logp and mask must share one [B, T] shape, got {logp.shape}, {old_logp.shape}, {mask.shape}"
@@ -153,6 +197,19 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
     if entropy is not None:
         per_token = per_token - entropy_coef * entropy
+    expert = None
+    if guided != "none":
+        w = guided_weight.astype(jnp.float32)
+        expert = live & (w > 0)
+        if guided == "shaped":
+            p = jnp.exp(logp)
+            guided_loss = -adv * w * p / (p + guided_gamma)
+        else:
+            guided_loss = -w * logp
+        per_token = jnp.where(expert, guided_loss, per_token)
+        pg = jnp.where(expert, guided_loss, pg)
+        clip_hit = clip_hit & ~expert
+        dual_hit = dual_hit & ~expert
     per_token = jnp.where(live, per_token, 0.0)
 
     if agg == "token-mean":
@@ -180,20 +237,26 @@ def policy_loss(
         metrics["kl_ref"] = tsum(kl)
     if entropy is not None:
         metrics["entropy"] = tsum(entropy)
+    if expert is not None:
+        metrics["guided_tokens"] = expert.astype(jnp.float32).sum()
+        metrics["guided_prob"] = jnp.where(expert, jnp.exp(logp), 0.0).sum()
     return num, den, metrics
 
 
 def reduce_metrics(metric_sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """Token means from (accumulated) metric sums; ``tokens`` stays a count."""
-    tokens = metric_sums["tokens"]
-    safe = jnp.maximum(tokens, 1.0)
-    return {k: (v if k == "tokens" else v / safe) for k, v in metric_sums.items()}
+    """Token means from (accumulated) metric sums; the counts (``tokens``, ``guided_tokens``) stay counts
+    and ``guided_prob`` is a mean over the expert's tokens."""
+    out = {}
+    for k, v in metric_sums.items():
+        count = {"tokens": None, "guided_tokens": None, "guided_prob": "guided_tokens"}.get(k, "tokens")
+        out[k] = v if count is None else v / jnp.maximum(metric_sums[count], 1.0)
+    return out
 
 
 def loss_from_config(cfg: LossConfig):
     """``policy_loss`` with the keyword options bound from a LossConfig."""
 
-    def fn(logp, old_logp, ref_logp, advantages, mask, entropy=None):
+    def fn(logp, old_logp, ref_logp, advantages, mask, entropy=None, guided_weight=None):
         return policy_loss(
             logp,
             old_logp,
@@ -208,6 +271,9 @@ def loss_from_config(cfg: LossConfig):
             kl_coef=cfg.kl_coef,
             entropy_coef=cfg.entropy_coef,
             agg=cfg.agg,
+            guided_weight=guided_weight,
+            guided=cfg.guided,
+            guided_gamma=cfg.guided_gamma,
         )
 
     return fn

@@ -33,6 +33,7 @@ def pack_rows(
     response_logprobs: Sequence[Sequence[float]] | None = None,
     stats: dict[str, int] | None = None,
     forced_tokens: Sequence[int] | None = None,
+    expert_tokens: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Rows on one token grid ``[N, T]``: prompts left-padded to the longest prompt, responses right after
     them, right-padded; ``T`` rounded up to ``length_bucket`` (an int multiple, or the smallest of a list
@@ -46,7 +47,10 @@ def pack_rows(
     response columns, where the model's head runs), and sampler_logprobs (float32, on response
     tokens) when ``response_logprobs`` is given. ``forced_tokens`` (per row, ``Row.forced_tokens``):
     leading response tokens that were given, not sampled; they stay in the input but get loss mask 0,
-    so no log-prob pass scores them and the ratio, KL and entropy leave them out.
+    so no log-prob pass scores them and the ratio, KL and entropy leave them out. ``expert_tokens``
+    (per row, ``Row.expert_tokens``): leading response tokens the expert played; they are in the loss
+    even when forced, and ``guided_mask`` (float32) is 1 on them, 0 elsewhere: the tokens a guided
+    loss (``losses.policy_loss``) trains.
     """
     n = len(prompt_ids)
     if n == 0:
@@ -93,6 +97,7 @@ def pack_rows(
     positions = np.zeros((n, width), np.int32)
     loss_mask = np.zeros((n, width), np.float32)
     sampler_lp = np.zeros((n, width), np.float32)
+    guided = np.zeros((n, width), np.float32)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         start, end = width_p - p.size, width_p + r.size
         input_ids[i, start:width_p] = p
@@ -100,6 +105,9 @@ def pack_rows(
         attention[i, start:end] = 1
         positions[i, start:end] = np.arange(end - start)
         loss_mask[i, width_p + (forced_tokens[i] if forced_tokens is not None else 0) : end] = 1.0
+        if expert_tokens is not None:
+            guided[i, width_p : width_p + min(expert_tokens[i], r.size)] = 1.0
+            loss_mask[i] = np.maximum(loss_mask[i], guided[i])
         if response_logprobs is not None:
             sampler_lp[i, width_p:end] = logprobs[i] * loss_mask[i, width_p:end]
     out = {
@@ -111,6 +119,8 @@ def pack_rows(
     }
     if response_logprobs is not None:
         out["sampler_logprobs"] = sampler_lp
+    if expert_tokens is not None:
+        out["guided_mask"] = guided
     return out
 
 
@@ -204,6 +214,7 @@ def ppo_batch(
     ref_logprobs: Callable[[dict[str, jax.Array]], np.ndarray] | None = None,
     train_forced: bool = False,
     pack: int = 0,
+    guided_weight: float | None = None,
 ) -> dict[str, np.ndarray]:
     """One iteration's rows (``types.Row``) as PPO's host batch: the token grid, advantages, and the
     old-policy and reference log-probs, padded to whole mini-batches with zero-weight rows (every
@@ -217,6 +228,10 @@ def ppo_batch(
     log-probs, only rows whose forced tokens the sampler scored (`Row.forced_scored`). `pack` > 0 runs
     the log-prob passes on each mini-batch's rows packed (`pack_segments` with that row multiple), the
     same log-probs for less padding.
+    `guided_weight` (`losses.LossConfig.guided_weight`; None: no guided loss) puts the expert's tokens
+    (`Row.expert_tokens`) in the loss and gives the grid `guided_weight` (that weight on them, 0
+    elsewhere), which the guided loss trains them by instead of the ratio; their old log-probs are then
+    never read.
     """
     unscored = sum(1 for r in rows if r.forced_tokens and not r.forced_scored)
     if train_forced and old_logprobs is None and unscored:
@@ -232,12 +247,17 @@ def ppo_batch(
         max_response=max_response,
         response_logprobs=[r.logprobs for r in rows] if old_logprobs is None else None,
         forced_tokens=None if train_forced else [r.forced_tokens for r in rows],
+        expert_tokens=None if guided_weight is None else [r.expert_tokens for r in rows],
     )
+    if guided_weight is not None:
+        packed["guided_weight"] = packed.pop("guided_mask") * np.float32(guided_weight)
     n, mb = len(rows), mini_batch_rows
     padded = -(-n // mb) * mb
     fill = np.concatenate([np.arange(n), np.zeros(padded - n, np.int64)])
     packed = {k: v[fill] for k, v in packed.items()}
     packed["loss_mask"][n:] = 0  # padding rows repeat row 0 but weigh nothing
+    if guided_weight is not None:
+        packed["guided_weight"][n:] = 0
     packed["advantages"] = advantages[fill].astype(np.float32)
 
     def chunked(fn: Callable[[dict[str, jax.Array]], np.ndarray]) -> np.ndarray:

@@ -221,6 +221,30 @@ def signal_series(history: list[dict]) -> dict[str, tuple[list[int], list[float]
     return out
 
 
+def opener_rows(history: list[dict]) -> list[str]:
+    """Markdown table of the policy's probability of each opener at the branch state
+    (`rollout/opener_prob/<opener>/<type>`), at the first and the last iteration that logged it: whether
+    the choice the branches teach moved (empty when no iteration logged it)."""
+    rows = []
+    for key, (steps, values) in sorted(_series(history, "rollout/opener_prob/").items()):
+        opener, _, kind = key.rpartition("/")
+        change = 100 * (values[-1] - values[0])
+        rows.append(
+            f"| {opener} | {kind} | {steps[0]}: {100 * values[0]:.1f} | {steps[-1]}: {100 * values[-1]:.1f} "
+            f"| {change:+.1f} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Opener probability at the branch state (%)",
+        "",
+        "| opener | task type | first iteration: p | last iteration: p | change (points) |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_state=None) -> Path:
     """Write report.md and its plots into workdir/report; returns the Markdown path."""
     out = Path(workdir) / "report"
@@ -268,6 +292,13 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
             "nats",
             out / "entropy.png",
         ),
+        "The policy's probability of each action opener at the branch state, by task type": _plot_lines(
+            _series(history, "rollout/opener_prob/"),
+            "p(opener | branch-state prompt), before each update",
+            "probability %",
+            out / "opener_prob.png",
+            percent=True,
+        ),
         "WIA prediction accuracy": _plot_lines(
             {k: v for k, v in _series(history, "wia/").items() if k.startswith("lms")},
             "LMS similarity of predictions",
@@ -291,6 +322,7 @@ def write_report(workdir: Path, config, history: list[dict], host: dict, aiw_sta
     if host.get("sft_losses"):
         losses = host["sft_losses"]
         lines += [f"Warm start loss: {losses[0]:.3f} -> {losses[-1]:.3f}", ""]
+    lines += opener_rows(history)
     lines += aiw_rows(history)
     if aiw_state is not None:
         lines += ["## Most boosted tasks (AIW)", ""]

@@ -17,7 +17,7 @@ import jax
 from roleagent_jax import distributed
 from roleagent_jax.advantages import hash_anchor
 from roleagent_jax.envs.base import Family
-from roleagent_jax.episodes import Move, Turn, play
+from roleagent_jax.episodes import Move, Played, Turn, play
 from roleagent_jax.sampling import SampleRequest, SampleResult
 from roleagent_jax.tokenizer import PromptEncoder
 from roleagent_jax.types import RolloutSettings, Row, Step, Trajectory
@@ -27,6 +27,8 @@ from roleagent_jax.wia.prompts import INLINE_STOP, inline_instruction, parse_inl
 EXPERT_BRANCH = "expert"  # what `branch_success` calls the branches that played the expert's step
 
 GenerateFn = Callable[[list[SampleRequest]], list[SampleResult]]
+# an all-gather of every process's (still active, sampler requests): `global_call`
+Gather = Callable[[tuple[bool, list[SampleRequest]]], list[tuple[bool, list[SampleRequest]]]]
 
 
 @dataclass
@@ -37,6 +39,8 @@ class RolloutResult:
     stats: dict[str, float] = field(default_factory=dict)
     # separate mode: (traj_id, step, prompt ids, sampled answer) of each predictor request
     predictor_samples: list[tuple[int, int, list[int], SampleResult]] = field(default_factory=list)
+    # (task type, prompt ids) of each task group's state at the branch step, as its leader saw it
+    branch_prompts: list[tuple[str, list[int]]] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: Sequence[RolloutResult]) -> RolloutResult:
@@ -48,6 +52,7 @@ class RolloutResult:
             merged.rows += part.rows
             merged.predictions.update(part.predictions)
             merged.predictor_samples += part.predictor_samples
+            merged.branch_prompts += part.branch_prompts
             for k, v in part.stats.items():
                 merged.stats[k] = (
                     max(merged.stats.get(k, 0), v) if k.startswith("time") else merged.stats.get(k, 0) + v
@@ -78,6 +83,30 @@ def branch_slots(groups: Sequence[Hashable | None]) -> list[tuple[int, int]]:
     return out
 
 
+def last_slots(branches: Sequence[tuple[int, int]], k: int, leaders: set[int] | None = None) -> list[int]:
+    """The slots of the last `k` branches (`branch_slots`) of each sharing group, or of the groups led by
+    `leaders`: where `rollout.expert_slots` play the expert's step. The leader is never one (a group
+    keeps one branch of its own however few of its slots a process holds), nor an ungrouped slot."""
+    size = Counter(leader for leader, _ in branches)
+    return [
+        slot for slot, (leader, rank) in enumerate(branches)
+        if rank >= max(size[leader] - k, 1) and (leaders is None or leader in leaders)
+    ]  # fmt: skip
+
+
+def groups_without_a_win(trajs: Sequence[Trajectory], branches: Sequence[tuple[int, int]],
+                         branch_at: int) -> set[int]:  # fmt: skip
+    """The leaders of the sharing groups none of whose episodes won and whose leader reached the branch
+    step (`rollout.expert_when="no_win"`: only there can a replay of the shared prefix meet the expert's
+    step)."""
+    won = {leader for (leader, _), t in zip(branches, trajs, strict=True) if t.won}
+    size = Counter(leader for leader, _ in branches)
+    return {
+        leader for leader in size
+        if size[leader] > 1 and leader not in won and len(trajs[leader].steps) > branch_at
+    }  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Answer:
     """One slot's answer at one step, as its training row holds it: `forced` leading response tokens
@@ -100,13 +129,16 @@ class SamplerAgent:
     replays its leader's answer (same tokens, same log-probs), so the group reaches step k as one
     state and every slot samples there on its own. A follower whose prompt ever differs from its
     leader's (a nondeterministic env) samples on its own from then on. With `branch_openers` the
-    answers at step k start with the family's action openers in turn. With `train_openers` the sampler
-    scores the forced tokens in its prefill (the expert's step in a request that generates nothing),
-    so their old log-probs need no pass of their own."""
+    answers at step k start with the family's action openers in turn; the `expert` slots play the
+    expert's next action there instead. With `train_openers` the sampler scores the forced tokens in its
+    prefill (the expert's step in a request that generates nothing), so their old log-probs need no pass
+    of their own. `script` (slot -> step -> (prompt, answer)) replays answers recorded in an earlier pass
+    (`prefix`) while the slot's prompt is the recorded one."""
 
     def __init__(self, call, family: Family, encode: PromptEncoder, settings: RolloutSettings,
                  predictor: Predictor | None, predictions: dict, slot_offset: int = 0,
-                 groups: Sequence[Hashable | None] = ()):  # fmt: skip
+                 groups: Sequence[Hashable | None] = (), expert: Sequence[int] = (),
+                 script: dict[int, dict[int, tuple[str, Answer]]] | None = None):  # fmt: skip
         self.call, self.family, self.encode, self.settings = call, family, encode, settings
         self.predictor, self.predictions, self.slot_offset = predictor, predictions, slot_offset
         self.groups = groups  # per slot: the sampler's sharing group of its agent prompts
@@ -114,12 +146,10 @@ class SamplerAgent:
         self.stop = (INLINE_STOP,) if self.inline else (family.action_stop,)
         self.suffix = inline_instruction(family.action_stop) if self.inline else ""
         self.branches = branch_slots(groups)
-        size = Counter(leader for leader, _ in self.branches)  # each sharing group's slots
-        # `rollout.expert_branch`: each sharing group's last slot plays the expert's step
-        self.expert_slots = {
-            slot for slot, (leader, rank) in enumerate(self.branches)
-            if settings.expert_branch and groups[slot] is not None and rank == size[leader] - 1
-        }  # fmt: skip
+        self.expert_slots = set(expert)  # slots that play the expert's step at the branch step
+        self.script = dict(script or {})
+        self.prefix: dict[int, dict[int, tuple[str, Answer]]] = {}  # leader -> step -> (prompt, answer)
+        self.branch_prompts: list[tuple[str, list[int]]] = []  # (task type, prompt ids) per group
         if settings.branch_openers and not family.action_openers:
             raise ValueError(
                 f"rollout.branch_openers=True: family {family.name!r} declares no action openers"
@@ -137,6 +167,18 @@ class SamplerAgent:
         s, score = self.settings, self.settings.train_openers
         replay = self._replaying(step, turns)
         own = [tr for tr in turns if tr.slot not in replay]
+        for tr in own:  # answers recorded in an earlier pass (`script`)
+            recorded = self.script.get(tr.slot, {}).get(step)
+            if recorded is not None and recorded[0] == tr.prompt:
+                self.sampled[tr.slot] = recorded[1]
+                self.replayed += 1
+            elif recorded is not None:  # its state left the recorded one: it samples from now on
+                del self.script[tr.slot]
+        if step == s.branch_at:  # the state each group's branches start from (`opener_probs`)
+            self.branch_prompts += [(tr.task.type, self.encode(tr.prompt + self.suffix)) for tr in turns
+                                    if self.groups and self.groups[tr.slot] is not None
+                                    and self.branches[tr.slot] == (tr.slot, 0)]  # fmt: skip
+        own = [tr for tr in own if tr.slot not in self.sampled]
         prompts = {tr.slot: self.encode(tr.prompt + self.suffix) for tr in own}
         starts = {tr.slot: self._forced(step, tr) for tr in own}
         for tr in own:  # the expert's step, whole and untrained: nothing to sample or score
@@ -153,10 +195,10 @@ class SamplerAgent:
                                           group=group, score_tokens=len(ids) if score else 0))  # fmt: skip
         if self.predictor is not None:
             requests += self.predictor.requests()
-        results = self.call(requests)
+        results = self.call(requests, bool(turns))
         if results is None:
             return None
-        self.calls += 1
+        self.calls += bool(requests)
         self.generated_tokens += sum(len(r.token_ids) for r in results)
         if self.predictor is not None:
             self.predictor.receive(results[len(own) :], self.predictions)
@@ -174,6 +216,10 @@ class SamplerAgent:
         for slot, leader in replay.items():
             self.sampled[slot] = self.sampled[leader]
         self.replayed += len(replay)
+        if step < s.branch_at:  # the shared prefix, for a replay from it (`rollout.expert_when="no_win"`)
+            for tr in turns:
+                if self.branches[tr.slot] == (tr.slot, 0):
+                    self.prefix.setdefault(tr.slot, {})[step] = (tr.prompt, self.sampled[tr.slot])
         moves = []
         for tr in turns:
             text = self.sampled[tr.slot].text
@@ -199,8 +245,8 @@ class SamplerAgent:
         return out
 
     def _expert_branch(self, step: int, turn: Turn) -> bool:
-        """Whether `turn` is its group's expert branch (`rollout.expert_branch`: the group's last slot,
-        at the branch step) and the expert has a next action there."""
+        """Whether `turn` is one of its group's expert branches (`rollout.expert_branch`: the group's last
+        `expert_slots`, at the branch step) and the expert has a next action there."""
         return (step == self.settings.branch_at and turn.slot in self.expert_slots
                 and bool(turn.observation.expert_plan))  # fmt: skip
 
@@ -239,26 +285,31 @@ class SamplerAgent:
                 state=turn.observation.state,
                 forced_tokens=answer.forced,
                 forced_scored=bool(answer.forced) and self.settings.train_openers,
+                expert_tokens=answer.forced if answer.opener == EXPERT_BRANCH else 0,
             )
         )
         if self.predictor is not None:
             self.predictor.after_step(turn, traj, sent)
 
 
-def global_call(generate: GenerateFn, gather, rank: int) -> Callable[[list[SampleRequest]], list | None]:
-    """One sampler call of this process's requests; None when there is nothing to generate.
+def global_call(
+    generate: GenerateFn, gather, rank: int
+) -> Callable[[list[SampleRequest], bool], list | None]:
+    """One sampler call of this process's requests; None when there is nothing to generate and no slot
+    still `active` (a step whose every answer is given, replayed or the expert's, generates nothing but
+    goes on: then []).
 
     With `gather` (an all-gather of every process's requests) the call is one global batch of which
     this process keeps its part, and None only when no process has anything left."""
 
-    def call(requests: list[SampleRequest]) -> list[SampleResult] | None:
+    def call(requests: list[SampleRequest], active: bool = False) -> list[SampleResult] | None:
         if gather is None:
-            return generate(requests) if requests else None
-        parts = gather(requests)
-        flat = [r for part in parts for r in part]
+            return generate(requests) if requests else ([] if active else None)
+        parts = gather((active, requests))
+        flat = [r for _, part in parts for r in part]
         if not flat:
-            return None
-        offset = sum(len(part) for part in parts[:rank])
+            return [] if any(busy for busy, _ in parts) else None
+        offset = sum(len(part) for _, part in parts[:rank])
         return generate(flat)[offset : offset + len(requests)]
 
     return call
@@ -275,7 +326,7 @@ def collect(
     seed: int = 0,
     iteration: int = 0,
     slot_offset: int = 0,
-    gather: Callable[[list[SampleRequest]], list[list[SampleRequest]]] | None = None,
+    gather: Gather | None = None,
     rank: int = 0,
 ) -> RolloutResult:
     """Play one episode in each env slot (slot i plays task_ids[i]) and return trajectories and rows.
@@ -286,6 +337,10 @@ def collect(
     Multi-host: each process plays its own slots (`slot_offset` = its first global slot, so trajectory
     ids and WIA choices do not depend on the process count) and `gather` makes each sampler call one
     global batch (see `global_call`). The loop runs until no process has anything left to generate.
+
+    `rollout.expert_when="no_win"`: the groups play their own branches first; then the last
+    `expert_slots` of each group none of whose episodes won play again (`replay_with_expert`) and their
+    episodes replace the first ones.
     """
     encode = PromptEncoder(tokenizer, settings.max_prompt_tokens)
     predictions: dict[int, dict[int, list[str | None]]] = {slot_offset + i: {} for i in range(len(task_ids))}
@@ -296,7 +351,9 @@ def collect(
         else None
     )
     timed = _Timed(global_call(generate, gather, rank))
-    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset, groups)
+    always = settings.expert_branch and settings.expert_when == "always"
+    expert = last_slots(branch_slots(groups), settings.expert_slots) if always else ()
+    agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset, groups, expert)
     played = play(
         family,
         envs,
@@ -308,22 +365,67 @@ def collect(
         slot_offset=slot_offset,
         expert=True if settings.expert_branch else None,
     )
-    stats = {
-        "sampler_calls": agent.calls,
-        "generated_tokens": agent.generated_tokens,
+    trajs, rows, opened = played.trajectories, agent.rows, agent.opened
+    samples = predictor.samples if predictor is not None else []
+    stats = {"time_env": played.time_env, "expert_replays": 0}
+    counts = [agent]
+    if settings.expert_branch and settings.expert_when == "no_win":
+        leaders = groups_without_a_win(trajs, agent.branches, settings.branch_at)
+        redo = last_slots(agent.branches, settings.expert_slots, leaders)
+        if redo or gather is not None:  # every process joins each global sampler call
+            again, extra = replay_with_expert(timed, family, envs, encode, settings, agent, redo,
+                                              task_ids, group_ids, groups, slot_offset)  # fmt: skip
+            replaced = {slot_offset + s for s in redo}
+            new = {t.traj_id: t for t in extra.trajectories}
+            trajs = [new.get(t.traj_id, t) for t in trajs]
+            rows = [r for r in rows if r.traj_id not in replaced] + again.rows
+            opened = {**{k: v for k, v in opened.items() if k not in replaced}, **again.opened}
+            samples = [x for x in samples if x[0] not in replaced]
+            for s, t in zip(redo, extra.trajectories, strict=True):
+                predictions[slot_offset + s] = again.predictions[t.traj_id]
+            stats["time_env"] += extra.time_env
+            stats["expert_replays"] = len(redo)
+            counts.append(again)
+    stats.update({
+        "sampler_calls": sum(a.calls for a in counts),
+        "generated_tokens": sum(a.generated_tokens for a in counts),
         "time_generate": timed.seconds,
-        "time_env": played.time_env,
         "prompts_truncated": encode.truncated,
-        "agent_steps": len(agent.rows),
-        "replayed_answers": agent.replayed,
-    }
-    for t in played.trajectories:  # what each opener's branches won, per task type (`branch_success`)
-        opener = agent.opened.get(t.traj_id)
+        "agent_steps": len(rows),
+        "replayed_answers": sum(a.replayed for a in counts),
+    })  # fmt: skip
+    for t in trajs:  # what each opener's branches won, per task type (`branch_success`)
+        opener = opened.get(t.traj_id)
         for key in (f"{opener}/{t.task_type}", f"{opener}/all") if opener else ():
             stats[f"branch_episodes/{key}"] = stats.get(f"branch_episodes/{key}", 0) + 1
             stats[f"branch_wins/{key}"] = stats.get(f"branch_wins/{key}", 0) + int(t.won)
-    samples = predictor.samples if predictor is not None else []
-    return RolloutResult(played.trajectories, agent.rows, predictions, stats, samples)
+    return RolloutResult(trajs, rows, predictions, stats, samples, agent.branch_prompts)
+
+
+def replay_with_expert(call, family: Family, envs, encode: PromptEncoder, settings: RolloutSettings,
+                       first: SamplerAgent, redo: Sequence[int], task_ids: Sequence[int],
+                       group_ids: Sequence[int], groups: Sequence[Hashable | None],
+                       slot_offset: int) -> tuple[SamplerAgent, Played]:  # fmt: skip
+    """The `redo` slots played again: their group leader's recorded answers up to the branch step
+    (replayed, not sampled: the environments are deterministic, so they reach the same state), the
+    expert's next action there, then their own samples. The cost is bounded by the slots, and only the
+    steps after the branch generate. Trajectories and rows carry the slots' own ids, as if the first
+    pass had played them so; they draw no WIA prediction (separate mode: the group's mean fills in)."""
+    script = {j: first.prefix.get(first.branches[s][0], {}) for j, s in enumerate(redo)}
+    predictions = {slot_offset + s: {} for s in redo}
+    ids = {j: slot_offset + s for j, s in enumerate(redo)}
+    agent = SamplerAgent(call, family, encode, settings, None, {j: {} for j in ids}, 0,
+                         [groups[s] for s in redo], range(len(redo)), script)  # fmt: skip
+    played = play(family, envs, [task_ids[s] for s in redo], agent, max_steps=settings.max_steps,
+                  history_k=settings.history_k, group_ids=[group_ids[s] for s in redo], expert=True)  # fmt: skip
+    for t in played.trajectories:
+        predictions[ids[t.traj_id]] = agent.predictions[t.traj_id]
+        t.traj_id = ids[t.traj_id]
+    for r in agent.rows:
+        r.traj_id = ids[r.traj_id]
+    agent.opened = {ids[k]: v for k, v in agent.opened.items()}
+    agent.predictions = predictions
+    return agent, played
 
 
 def collect_all(generate: GenerateFn, family: Family, envs, task_ids: Sequence[int], group_ids: Sequence[int],
@@ -346,9 +448,9 @@ class _Timed:
     def __init__(self, call):
         self.call, self.seconds = call, 0.0
 
-    def __call__(self, requests):
+    def __call__(self, requests, active=False):
         start = time.perf_counter()
-        out = self.call(requests)
+        out = self.call(requests, active)
         if out is not None:
             self.seconds += time.perf_counter() - start
         return out

@@ -66,6 +66,7 @@ class TrainStep:
 
     def batch_keys(self) -> tuple[str, ...]:
         keys = (*MODEL_KEYS, "loss_mask", "advantages", "old_logprobs")
+        keys = (*keys, "guided_weight") if self.loss_cfg.guided != "none" else keys
         return (*keys, "ref_logprobs") if self.loss_cfg.kl_type != "none" else keys
 
     def _inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -94,8 +95,9 @@ class TrainStep:
         def loss_fn(p, mb, key):
             logp, entropy = model_logprobs(graphdef, p, mb, remat, frozen, key)
             num, den, sums = loss(
-                logp, mb["old_logprobs"], mb.get("ref_logprobs"), mb["advantages"], mb["loss_mask"], entropy
-            )
+                logp, mb["old_logprobs"], mb.get("ref_logprobs"), mb["advantages"], mb["loss_mask"], entropy,
+                mb.get("guided_weight"),
+            )  # fmt: skip
             return num, (den, sums)
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -206,7 +208,8 @@ def make_train_step(
 
     ``batch``: ``pack_rows`` keys (input_ids, attention_mask, positions, loss_mask, each [B, T]) plus
     ``advantages`` [B] or [B, T], ``old_logprobs`` [B, T] and, unless ``kl_type='none'``,
-    ``ref_logprobs`` [B, T] (``make_logprob_fn``). B must be divisible by ``micro_batches`` (and, on a
+    ``ref_logprobs`` [B, T] (``make_logprob_fn``), and with a guided loss (``loss_cfg.guided``)
+    ``guided_weight`` [B, T] (``ppo.ppo_batch``). B must be divisible by ``micro_batches`` (and, on a
     mesh, each micro-batch by the data x fsdp size). ``remat`` turns on the model's per-layer
     rematerialisation. Metrics (replicated scalars): loss, pg_loss, kl_ref, entropy, clip_frac,
     dual_clip_frac, approx_kl, ratio (token means), tokens, loss_denominator, grad_norm (before

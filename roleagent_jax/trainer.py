@@ -38,6 +38,7 @@ from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics, signal_metrics
 from roleagent_jax.models import save_pretrained
 from roleagent_jax.models.lora import LoRAConfig
+from roleagent_jax.opener_probs import opener_probabilities
 from roleagent_jax.optimizer import TrainState
 from roleagent_jax.policy_weights import PolicyWeights
 from roleagent_jax.ppo import ppo_batch, ppo_epochs
@@ -184,6 +185,15 @@ class Trainer:
         metrics: dict[str, float] = {}
         rows, multiplier = result.rows, None
         t1 = time.perf_counter()
+        if self.family.action_openers and result.branch_prompts:  # before the update: the policy that played
+            openers = [
+                (o, self.tokenizer.encode(o, add_special_tokens=False)) for o in self.family.action_openers
+            ]
+            metrics.update(opener_probabilities(
+                result.branch_prompts, openers, lambda b: self.logprobs(b, self.policy_params()),
+                self.tokenizer.pad_token_id, rows_multiple=c.train.mini_batch_rows,
+            ))  # fmt: skip
+            times["opener_prob"], t1 = time.perf_counter() - t1, time.perf_counter()
         if c.wia.mode != "off" and rows:
             multiplier, wia_metrics = wia_multipliers(
                 result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity, c.wia.fill
@@ -230,6 +240,7 @@ class Trainer:
             old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
             ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
             train_forced=c.rollout.train_openers, pack=self._pack_multiple(),
+            guided_weight=self.train_step.loss_cfg.guided_weight(it, c.iterations),
         )  # fmt: skip
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)

@@ -46,6 +46,8 @@ class RolloutSettings:
     branch_openers: bool  # rollout.branch_openers: branch j starts with the family's opener j
     expert_branch: bool  # rollout.expert_branch: a group's last branch plays the expert's step
     train_openers: bool  # rollout.train_openers: forced tokens are trained, so the sampler scores them
+    expert_slots: int  # rollout.expert_slots: how many of a group's last branches do
+    expert_when: str  # rollout.expert_when: always | no_win (only in groups none of whose own won)
 
     @classmethod
     def from_config(cls, config) -> RolloutSettings:
@@ -64,6 +66,8 @@ class RolloutSettings:
             branch_openers=c.rollout.branch_openers,
             expert_branch=c.rollout.expert_branch,
             train_openers=c.rollout.train_openers,
+            expert_slots=c.rollout.expert_slots,
+            expert_when=c.rollout.expert_when,
         )
 
 
@@ -75,7 +79,9 @@ class Row:
     `forced_tokens`: how many leading response tokens were given, not sampled (a branch's opener,
     `rollout.branch_openers`, or the expert's step); they condition the rest and carry no loss unless
     `rollout.train_openers`. `forced_scored`: the sampler scored them (`rollout.train_openers`), so
-    their `logprobs` are the policy's; else those are 0."""
+    their `logprobs` are the policy's; else those are 0. `expert_tokens`: how many of them the family's
+    expert played (`rollout.expert_branch`: the whole forced step; 0 on the policy's own rows), the
+    tokens a guided loss (`loss.guided`) trains."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -92,6 +98,7 @@ class Row:
     state: str = ""  # the family's state identity at that step ("" where it has none): advantage.anchor
     forced_tokens: int = 0
     forced_scored: bool = False
+    expert_tokens: int = 0
 
 
 @dataclass

@@ -20,7 +20,7 @@ from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.metrics import branch_success
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
 from roleagent_jax.ppo import pack_rows, ppo_batch
-from roleagent_jax.rollout import branch_slots, collect
+from roleagent_jax.rollout import branch_slots, collect, last_slots
 from roleagent_jax.sampling import Sampler, SampleResult, SamplingParams
 from roleagent_jax.tokenizer import PromptEncoder, train_bpe_tokenizer
 from roleagent_jax.types import RolloutSettings
@@ -331,3 +331,65 @@ def test_branch_success_is_each_openers_wins_over_its_episodes():
         "rollout/branch_success/<search>/bridge": 0.75,
         "rollout/branch_success/expert/all": 1.0,
     }
+
+
+def test_expert_slots_puts_the_experts_step_in_each_groups_last_k_branches(world):
+    """`expert_slots` = 2, `expert_when="always"`: the last two slots of every group play the expert's
+    step at the branch step (its tokens marked as the expert's), the others their own answers."""
+    _, tok = world
+    model = Scripted(tok)
+    result = play(world, model, branch_at=1, expert_branch=True, expert_slots=2, expert_when="always")
+    assert [len(c) for c in model.calls[:2]] == [2, 4]
+    for slot, row in at(result, 1).items():
+        expert = slot % 4 >= 2
+        assert row.expert_tokens == (len(row.response_ids) if expert else 0)
+        assert row.forced_tokens == row.expert_tokens
+    assert all(r.expert_tokens == 0 for r in result.rows if r.step_index != 1)
+    assert result.stats["branch_episodes/expert/all"] == 4 and result.stats["expert_replays"] == 0
+    assert last_slots(branch_slots([0, 0, 0, None, 1, 1]), 2) == [1, 2, 5]
+
+
+def test_no_win_replays_only_groups_without_a_win_from_the_shared_prefix_with_the_experts_step(world):
+    """`expert_when="no_win"`: the groups play their own branches first (no expert); a group none of
+    whose episodes won plays its last k slots again: the leader's prefix replayed (no request), the
+    expert's step at the branch step, its own samples after; those episodes replace the first ones."""
+    pool, tok = world
+
+    class WinsGroupOne(LocalPool):  # the second question's episodes win at their first step
+        def step(self, actions):
+            out = super().step(actions)
+            return {i: dataclasses.replace(o, won=True) if self.won_task[i] else o for i, o in out.items()}
+
+        def reset(self, task_ids, expert=False):
+            self.won_task = [t == 1 and len(task_ids) == 8 for t in task_ids]
+            return super().reset(task_ids, expert)
+
+    model = Scripted(tok)
+    result = play(world, model, WinsGroupOne(pool, 3), branch_at=1, branch_openers=True, expert_branch=True,
+                  expert_slots=2, expert_when="no_win")  # fmt: skip
+    assert result.stats["expert_replays"] == 2  # group 0 only, its last two slots
+    first_pass = [len(c) for c in model.calls[:3]]
+    assert first_pass == [2, 8, 4]  # no expert in the first pass; group 1's episodes ended at step 1
+    again = model.calls[3:]
+    assert sum(len(c) for c in again) == 2  # step 0 replayed, step 1 the expert's: only step 2 samples
+    assert [t.traj_id for t in result.trajectories] == list(range(8))
+    rows = {(r.traj_id, r.step_index): r for r in result.rows}
+    assert len(rows) == len(result.rows)  # each replaced episode's rows are gone, its replay's are in
+    env = FAMILY.make_env(3)
+    for slot in (2, 3):
+        leader = rows[(0, 0)]
+        assert (rows[(slot, 0)].response_ids, rows[(slot, 0)].logprobs) == (
+            leader.response_ids,
+            leader.logprobs,
+        )
+        env.reset(pool[TASKS[slot]], expert=True)
+        action = env.step(result.trajectories[slot].steps[0].response).expert_plan[0]
+        expert = rows[(slot, 1)]
+        assert result.trajectories[slot].steps[1].response == action
+        assert expert.response_ids == tok.encode(action, add_special_tokens=False)
+        assert expert.expert_tokens == expert.forced_tokens == len(expert.response_ids)
+    assert all(r.expert_tokens == 0 for (t, _), r in rows.items() if t not in (2, 3))
+    assert result.stats["branch_episodes/expert/all"] == 2
+    assert result.stats["branch_episodes/<search>/all"] + result.stats["branch_episodes/<answer>/all"] == 6
+    assert sorted(t.won for t in result.trajectories) == [False] * 4 + [True] * 4
+    assert [kind for kind, _ in result.branch_prompts] == [pool[0].type, pool[1].type]

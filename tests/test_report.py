@@ -110,3 +110,15 @@ def test_the_report_plots_where_the_signal_goes_and_the_entropy(tmp_path):
     assert "![Where the signal goes" in text and "![Entropy of the sampled tokens" in text
     assert (tmp_path / "report" / "signal.png").stat().st_size > 0
     assert (tmp_path / "report" / "entropy.png").stat().st_size > 0
+
+
+def test_report_shows_each_openers_probability_at_the_branch_state_first_and_last(tmp_path):
+    history = [
+        {"step": 1, "rollout/opener_prob/<search>/bridge": 0.02, "rollout/opener_prob/<answer>/bridge": 0.97},
+        {"step": 2, "rollout/opener_prob/<search>/bridge": 0.05},
+        {"step": 3, "rollout/opener_prob/<search>/bridge": 0.25, "rollout/opener_prob/<answer>/bridge": 0.7},
+    ]
+    text = write_report(tmp_path, ConfigDict({"algo": "gigpo"}), history, {}).read_text()
+    assert "| <search> | bridge | 1: 2.0 | 3: 25.0 | +23.0 |" in text
+    assert "| <answer> | bridge | 1: 97.0 | 3: 70.0 | -27.0 |" in text
+    assert (tmp_path / "report" / "opener_prob.png").is_file()

@@ -187,6 +187,31 @@ def test_micro_batches_equal_full_batch(setup):
         )
 
 
+def test_the_guided_step_reads_the_experts_weights_and_micro_batches_equal_one(setup):
+    """`loss.guided`: the step needs the batch's `guided_weight` and splits it with the rows; the
+    expert-token metrics count and average over the expert's tokens only."""
+    graphdef, params, _, batch = setup
+    opt = optax.sgd(1.0)
+    cfg = dict(agg="token-mean", kl_type="low_var_kl", guided="nll")
+    with pytest.raises(ValueError, match="guided_weight"):
+        make_train_step(graphdef, opt, cfg)(TrainState.create(params, opt, jax.random.key(0)), batch)
+    weight = np.zeros(batch["loss_mask"].shape, np.float32)
+    weight[:4] = 0.5 * np.asarray(batch["loss_mask"][:4])  # the first four rows are the expert's
+    guided = {**batch, "guided_weight": jnp.asarray(weight)}
+    runs = [
+        make_train_step(graphdef, opt, cfg, micro_batches=m)(
+            TrainState.create(params, opt, jax.random.key(0)), guided
+        )
+        for m in (1, 2)
+    ]
+    (s1, m1), (s2, m2) = runs
+    assert_tree_close(s1.params, s2.params, 1e-5)
+    for k in m1:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+    assert float(m1["guided_tokens"]) == float(np.asarray(batch["loss_mask"][:4]).sum())
+    assert 0 < float(m1["guided_prob"]) < 1
+
+
 def test_sharded_step_equals_single_device(setup):
     assert len(jax.devices()) == 8, "conftest should provide 8 fake CPU devices"
     graphdef, params, logprob, batch = setup

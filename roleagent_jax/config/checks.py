@@ -149,6 +149,20 @@ def _branch_errors(config: ConfigDict, family) -> list[str]:
             "--config.rollout.train_openers=True: needs rollout.branch_openers or rollout.expert_branch "
             "(nothing is forced)"
         )
+    if not r.expert_branch:
+        for key, value in (("expert_slots", 1), ("expert_when", "always")):
+            if r[key] != value:
+                errors.append(f"--config.rollout.{key}={r[key]!r}: needs rollout.expert_branch=True")
+        if config.loss.guided != "none":
+            errors.append(
+                f"--config.loss.guided={config.loss.guided!r}: needs rollout.expert_branch=True (no row holds "
+                "the expert's step)"
+            )
+    if r.expert_slots >= r.group_size:
+        errors.append(
+            f"--config.rollout.expert_slots={r.expert_slots}: must be below rollout.group_size={r.group_size}, "
+            "or no branch of a group plays its own answer"
+        )
     return errors
 
 

@@ -108,6 +108,13 @@ ROLLOUT = Section("rollout", "episodes sampled per iteration", [
     Key("expert_branch", False, "a task group's last branch plays the family's expert's next action at "
         "step branch_at, forced whole (trained only with train_openers), so a group none of whose own "
         "branches wins still holds a step that can (BREAD's expert prefix); the family needs an expert"),
+    Key("expert_slots", 1, "with expert_branch: how many of a task group's last branches play the expert's "
+        "step (each then samples on its own after it): more rows of the expert's step for the guided loss",
+        ge=1),
+    Key("expert_when", "always", "with expert_branch: always, or no_win: a group's own episodes play first "
+        "and only a group none of which won (BREAD) plays its expert_slots again from the shared prefix with "
+        "the expert's step (at most expert_slots episodes more per group, the prefix replayed, not sampled)",
+        choices=("always", "no_win")),
     # Forced openers explore; only a gradient on them teaches the choice itself (a greedy model that never
     # searches twice gets none from the tokens after a forced <search>).
     Key("train_openers", False, "a branch's forced opener is trained as if the policy had sampled it: its "
@@ -142,6 +149,17 @@ LOSS = Section("loss", "the PPO loss", [
     Key("kl_coef", 0.01, "KL weight", ge=0.0),
     Key("entropy_coef", 0.001, "entropy bonus", ge=0.0),
     Key("agg", "token-mean", "how token losses are averaged", choices=("token-mean", "seq-mean-token-mean")),
+    # Off by default until a run shows it helps. nll is the one to try first: its gradient on a token the
+    # policy gives 1% is as large as on any other, where shaped's (A p gamma / (p + gamma)^2) is ~0.08 A.
+    Key("guided", "none", "the loss of the expert's forced step (rollout.expert_branch) instead of the ratio: "
+        "none (the PPO term, trained only with train_openers) | shaped (LUFFY: -A p / (p + guided_gamma), "
+        "unclipped) | nll (CHORD: guided_mu x NLL, the advantage unused); KL and entropy leave those tokens "
+        "out (losses.policy_loss)", choices=("none", "shaped", "nll")),
+    Key("guided_gamma", 0.1, "shaped: gamma of p / (p + gamma); the gradient in log p peaks at p = gamma",
+        gt=0.0),
+    Key("guided_mu", 0.9, "nll: the weight of each expert token's NLL at the first iteration (the token-mean "
+        "counts every token of the mini-batch)", ge=0.0),
+    Key("guided_mu_end", 0.05, "nll: the weight at the last iteration, linear in between", ge=0.0),
 ])  # fmt: skip
 
 OPTIM = Section("optim", "AdamW for RL", [
