@@ -53,7 +53,7 @@ PANEL_BATCH = (
 
 
 def run(config) -> dict:
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(config)
     try:
@@ -66,7 +66,7 @@ def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> floa
     """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
     from roleagent_jax.envs import get_family
     from roleagent_jax.evaluate import evaluate
-    from roleagent_jax.policy import ModelPolicy
+    from roleagent_jax.evaluation.policy import ModelPolicy
 
     family = get_family(config.env.name)
 

@@ -36,9 +36,9 @@ from typing import Any, NoReturn
 
 from roleagent_jax.config.schema import option_errors
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
+from roleagent_jax.envs.episodes import Move, Turn, failed_games, play, success_summary
 from roleagent_jax.envs.pool import EnvPool
-from roleagent_jax.episodes import Move, Turn, failed_games, play, success_summary
-from roleagent_jax.trained_settings import SETTINGS_FILE, check_checkpoint, read_settings
+from roleagent_jax.evaluation.trained_settings import SETTINGS_FILE, check_checkpoint, read_settings
 from roleagent_jax.types import Trajectory
 
 Policy = Callable[[list[Turn]], list[str]]
@@ -236,7 +236,7 @@ def make_policy(
     name: str, seed: int, checkpoint: str | None, temperature: float, family: Family, greedy: bool = False
 ) -> Policy:
     if checkpoint:
-        from roleagent_jax.policy import ModelPolicy  # JAX and the model load only when needed
+        from roleagent_jax.evaluation.policy import ModelPolicy  # JAX and the model load only when needed
 
         return ModelPolicy(checkpoint, family, temperature, seed=seed, greedy=greedy)
     if name == "expert":

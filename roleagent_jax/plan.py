@@ -38,7 +38,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from roleagent_jax.memory_plan import (
+from roleagent_jax.models import BUILTIN_MODELS, MODEL_NAMES, Qwen2Config, Qwen2ForCausalLM, init_config
+from roleagent_jax.planner.memory import (
     GIB,
     USABLE_FRACTION,
     Plan,
@@ -57,8 +58,7 @@ from roleagent_jax.memory_plan import (
     rollout_layout,
     tree_bytes,
 )
-from roleagent_jax.models import BUILTIN_MODELS, MODEL_NAMES, Qwen2Config, Qwen2ForCausalLM, init_config
-from roleagent_jax.optimizer import make_optimizer
+from roleagent_jax.rl.optimizer import make_optimizer
 from roleagent_jax.sampling.sampler import BATCH_BUCKETS
 
 __all__ = [
@@ -261,10 +261,10 @@ def xla_train_memory(cfg: Qwen2Config, sizes: dict[str, int], work: Workload, lo
     compiled, nothing is allocated. Run on the target accelerator (a TPU VM, a GPU host) this replaces
     the activation estimate with the compiler's own numbers; it needs as many local devices as the mesh.
     """
-    from roleagent_jax.logprobs import TARGET_KEY
-    from roleagent_jax.optimizer import TrainState
-    from roleagent_jax.sharding import make_mesh
-    from roleagent_jax.train_step import make_train_step
+    from roleagent_jax.parallel.sharding import make_mesh
+    from roleagent_jax.rl.logprobs import TARGET_KEY
+    from roleagent_jax.rl.optimizer import TrainState
+    from roleagent_jax.rl.train_step import make_train_step
 
     n = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
     if jax.device_count() != n:

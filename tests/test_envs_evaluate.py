@@ -75,7 +75,7 @@ def test_summary_per_type():
 def test_seed_reaches_the_model_policy(monkeypatch):
     """--seed picks the model's sampling key too, so a panel can be replayed under other draws; --greedy
     reaches it as well."""
-    import roleagent_jax.policy as policy
+    import roleagent_jax.evaluation.policy as policy
 
     seen = {}
 
@@ -93,7 +93,7 @@ def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics(
     import math
     import statistics
 
-    from roleagent_jax.metrics import eval_metrics
+    from roleagent_jax.run.metrics import eval_metrics
 
     def traj(task_type, won, score):
         return Trajectory(task_id=0, task_type=task_type, goal="g", won=won, score=score)

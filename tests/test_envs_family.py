@@ -114,7 +114,7 @@ def findkey_config(workdir):
 def test_registered_family_trains_and_evaluates_through_the_generic_code(findkey, tmp_path, capsys):
     from roleagent_jax import evaluate
     from roleagent_jax.envs import get_family, registered
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     assert "findkey" in registered() and get_family("findkey") is findkey
     trainer = Trainer(findkey_config(tmp_path))

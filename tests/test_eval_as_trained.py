@@ -19,7 +19,7 @@ SIZES = {
 
 def finished_run(name: str, workdir: Path, greedy: bool = True) -> dict:
     """A tiny run of configs/<name>.py through the trainer; its summary."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     c = shrunk(load_config(name), workdir)
     c.env.gen.n_train, c.env.gen.n_eval, c.warmstart.n_games = 4, 3, 4
@@ -48,7 +48,8 @@ def evaluate_checkpoint(model_dir: Path, split: str, *flags: str) -> dict:
 def played(monkeypatch) -> list:
     """Every evaluation's episodes, as (task, [(observation, response), ...]) in task order, recorded
     where the trainer and the command summarise them."""
-    from roleagent_jax import evaluate, trainer
+    from roleagent_jax import evaluate
+    from roleagent_jax.run import trainer
 
     record, summarize = [], evaluate.summarize
 
@@ -102,7 +103,7 @@ def test_a_flag_given_overrides_the_runs_setting_and_says_so(tmp_path, capsys):
 def test_the_settings_file_carries_what_the_run_trained_with():
     from roleagent_jax.config import family_options
     from roleagent_jax.envs import get_family
-    from roleagent_jax.trained_settings import run_settings
+    from roleagent_jax.evaluation.trained_settings import run_settings
 
     c = load_config("search_qa_demo")
     c.rollout.max_rows_per_call = 24

@@ -16,8 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "roleagent_jax"
 DEVICE_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax")
 MODEL_FLOOR = tuple(
     f"roleagent_jax.{name}"
-    for name in ("models", "sharding", "distributed", "losses", "optimizer", "logprobs", "ppo", "train_step")
-    + ("sampling", "backends")
+    for name in ("models", "parallel.sharding", "parallel.distributed", "rl.losses", "rl.optimizer")
+    + ("rl.logprobs", "rl.ppo", "rl.train_step", "sampling", "backends")
 )
 
 

@@ -16,14 +16,14 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_logits, torch_qwen2
 
-from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, adapted_layers, add_lora, merged, projections
 from roleagent_jax.models.peft_io import save_adapter
-from roleagent_jax.optimizer import TrainState, make_optimizer
-from roleagent_jax.ppo import pack_rows
-from roleagent_jax.sharding import make_mesh, param_shardings
-from roleagent_jax.train_step import make_train_step
+from roleagent_jax.parallel.sharding import make_mesh, param_shardings
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.optimizer import TrainState, make_optimizer
+from roleagent_jax.rl.ppo import pack_rows
+from roleagent_jax.rl.train_step import make_train_step
 
 VOCAB = 128
 
@@ -209,7 +209,7 @@ def test_no_backward_pass_below_the_lowest_adapted_layer(scan):
     """The step's backward matmuls (its program's matmuls minus the forward's) grow by one block's worth
     per adapted layer and are the head's input gradient plus the adapted blocks' only: nothing runs
     backward through the frozen blocks below."""
-    from roleagent_jax.logprobs import model_logprobs
+    from roleagent_jax.rl.logprobs import model_logprobs
 
     batch = fixed_batch()
     batch["old_logprobs"] = batch["ref_logprobs"] = jnp.zeros(batch["loss_mask"].shape)

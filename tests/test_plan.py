@@ -17,7 +17,7 @@ from qwen2_tiny import tiny_config
 
 from roleagent_jax import plan
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
-from roleagent_jax.sharding import cache_sharding, make_mesh, shard_model
+from roleagent_jax.parallel.sharding import cache_sharding, make_mesh, shard_model
 
 REPO = Path(__file__).resolve().parents[1]
 OPT = dict(lr=1e-6, weight_decay=0.01, grad_clip=1.0, warmup_steps=0, schedule="constant", total_steps=10)
@@ -51,7 +51,7 @@ def device0_bytes(tree) -> int:
 
 @pytest.mark.parametrize("tie,pdt", [(False, "float32"), (True, "bfloat16")])
 def test_param_and_optimizer_bytes_equal_real_state(tie, pdt):
-    from roleagent_jax.optimizer import make_optimizer
+    from roleagent_jax.rl.optimizer import make_optimizer
 
     cfg = tiny(tie, pdt)
     params = nnx.state(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
@@ -63,7 +63,7 @@ def test_param_and_optimizer_bytes_equal_real_state(tie, pdt):
 
 @pytest.mark.parametrize("mesh_sizes", [(1, 4, 2), (2, 4, 1), (1, 8, 1)])
 def test_per_device_bytes_equal_real_sharded_state(mesh_sizes):
-    from roleagent_jax.optimizer import TrainState, make_optimizer
+    from roleagent_jax.rl.optimizer import TrainState, make_optimizer
 
     data, fsdp, tensor = mesh_sizes
     mesh = make_mesh(data, fsdp, tensor)
@@ -111,7 +111,7 @@ def test_builtin_qwen25_counts_match_transformers(name, published):
 def test_optimizer_bytes_for_0_5b_extrapolate_from_a_real_bf16_state():
     """Adam's per-parameter bytes (whatever dtypes optax picks for each moment) measured on a real tiny
     bf16 state, times the 0.5B parameter count, plus the fixed scalars, is the planner's number."""
-    from roleagent_jax.optimizer import make_optimizer
+    from roleagent_jax.rl.optimizer import make_optimizer
 
     optimizer = make_optimizer(**OPT)
     scalars = nbytes(optimizer.init({}))

@@ -7,7 +7,7 @@ import math
 import pytest
 from ml_collections import ConfigDict
 
-from roleagent_jax.report import binomial_se, curve_series, difference_se, paired_difference, write_report
+from roleagent_jax.run.report import binomial_se, curve_series, difference_se, paired_difference, write_report
 
 
 def test_binomial_standard_error_matches_the_formula():

@@ -124,7 +124,7 @@ def test_shared_prefix_greedy_equals_plain_path(setup):
 
 
 def test_shared_prefix_on_the_8_device_mesh_with_scanned_layers(setup):
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     tok = setup["tok"]
     mesh = make_mesh(data=2, fsdp=2, tensor=2)

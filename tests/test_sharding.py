@@ -11,8 +11,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_qwen2
 
-from roleagent_jax import sharding
 from roleagent_jax.models import KVCache, Qwen2ForCausalLM, init_cache, load_pretrained
+from roleagent_jax.parallel import sharding
 
 needs_8 = pytest.mark.skipif(
     jax.device_count() < 8, reason="needs 8 (fake) devices: run under tests/conftest.py"

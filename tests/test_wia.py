@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from roleagent_jax import wia
-from roleagent_jax.advantages import gigpo_advantages
 from roleagent_jax.envs import PredictorFraming, get_family
+from roleagent_jax.rl.advantages import gigpo_advantages
 
 ALFWORLD = get_family("alfworld")
 

@@ -167,7 +167,7 @@ def _mesh_errors(config: ConfigDict) -> list[str]:
     ]
     if errors:
         return errors
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     try:
         make_mesh(**sizes)
@@ -193,7 +193,7 @@ def _model_errors(config: ConfigDict) -> list[str]:
     tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
     tokenizer_dir = config.tokenizer.path or config.model.path
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        from roleagent_jax.tokenizer import check_tokenizer_dir
+        from roleagent_jax.models.tokenizer import check_tokenizer_dir
 
         try:
             check_tokenizer_dir(tokenizer_dir)

@@ -25,8 +25,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax import distributed
 from roleagent_jax.models import Qwen2Config, SharedPrefix, init_cache
+from roleagent_jax.parallel import distributed
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
@@ -206,14 +206,14 @@ class Sampler:
         """Keep a row-major array split over the batch axes inside the jitted programs."""
         if self.mesh is None:
             return x
-        from roleagent_jax.sharding import batch_sharding
+        from roleagent_jax.parallel.sharding import batch_sharding
 
         return jax.lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim))
 
     def _constrain_cache(self, cache):
         if self.mesh is None:
             return cache
-        from roleagent_jax.sharding import cache_sharding
+        from roleagent_jax.parallel.sharding import cache_sharding
 
         return jax.lax.with_sharding_constraint(cache, cache_sharding(self.mesh, self.config))
 
@@ -226,7 +226,7 @@ class Sampler:
     def _put_rows(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
             return jnp.asarray(x)
-        from roleagent_jax.sharding import batch_sharding
+        from roleagent_jax.parallel.sharding import batch_sharding
 
         return jax.device_put(x, batch_sharding(self.mesh, x.ndim))
 
@@ -238,7 +238,7 @@ class Sampler:
     def _place_params(self, params):
         if self.mesh is None:
             return params
-        from roleagent_jax.sharding import param_shardings
+        from roleagent_jax.parallel.sharding import param_shardings
 
         return jax.device_put(params, param_shardings(params, self.mesh))
 

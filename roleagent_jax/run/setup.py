@@ -12,19 +12,18 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from roleagent_jax import distributed
 from roleagent_jax.aiw import FailureMemory
-from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
 from roleagent_jax.config import family_options
 from roleagent_jax.envs import EnvPool, Family, TaskPool
-from roleagent_jax.episodes import failed_games
+from roleagent_jax.envs.episodes import failed_games
+from roleagent_jax.evaluation.trained_settings import GEN_SEED_OFFSETS
 from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained, save_pretrained
-from roleagent_jax.optimizer import make_optimizer
-from roleagent_jax.sharding import shard_model
-from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
-from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
-from roleagent_jax.types import Trajectory
-from roleagent_jax.warmstart import (
+from roleagent_jax.models.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.parallel import distributed
+from roleagent_jax.parallel.sharding import shard_model
+from roleagent_jax.rl.optimizer import make_optimizer
+from roleagent_jax.run.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
+from roleagent_jax.run.warmstart import (
     Example,
     episode_examples,
     expert_episodes,
@@ -33,6 +32,7 @@ from roleagent_jax.warmstart import (
     run_sft,
     target_ids,
 )
+from roleagent_jax.types import Trajectory
 
 EXPERT_MAX_STEPS = 50  # the expert plays to the end even when RL episodes are cut shorter
 

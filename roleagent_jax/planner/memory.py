@@ -19,14 +19,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax.logprobs import TARGET_BUCKET, round_up
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, init_cache
 from roleagent_jax.models.lora import TARGETS as LORA_TARGETS
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
-from roleagent_jax.optimizer import make_optimizer
+from roleagent_jax.parallel.sharding import AXES, spec_for
+from roleagent_jax.rl.logprobs import TARGET_BUCKET, round_up
+from roleagent_jax.rl.optimizer import make_optimizer
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
 from roleagent_jax.sampling.sampler import PROMPT_BUCKETS, capped_batch_buckets
-from roleagent_jax.sharding import AXES, spec_for
 
 GIB = 1024**3
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.

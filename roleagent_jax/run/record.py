@@ -15,10 +15,10 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.checkpointing import write_json
 from roleagent_jax.config import CONFIG, PATH_KEYS
 from roleagent_jax.config.schema import family_options, lookup
 from roleagent_jax.envs.base import get_family
+from roleagent_jax.run.checkpointing import write_json
 
 RUN_FILE = "run.json"
 # Dotted keys, or sections (every key under them), that a resumed run may set differently.

@@ -25,28 +25,29 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from roleagent_jax import aiw, distributed
-from roleagent_jax import run_setup as setup
-from roleagent_jax.advantages import row_advantages
+from roleagent_jax import aiw
 from roleagent_jax.backends import make_backend
-from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.evaluate import summarize
-from roleagent_jax.logprobs import make_logprob_fn
-from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
+from roleagent_jax.evaluation.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.models import save_pretrained
 from roleagent_jax.models.lora import LoRAConfig
-from roleagent_jax.optimizer import TrainState
-from roleagent_jax.policy_weights import PolicyWeights
-from roleagent_jax.ppo import ppo_batch, ppo_epochs
-from roleagent_jax.rollout import RolloutResult, collect_all
-from roleagent_jax.run_record import check_resume, run_record, write_record
+from roleagent_jax.models.tokenizer import PromptEncoder, eos_ids
+from roleagent_jax.parallel import distributed
+from roleagent_jax.parallel.sharding import make_mesh
+from roleagent_jax.rl.advantages import row_advantages
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.optimizer import TrainState
+from roleagent_jax.rl.policy_weights import PolicyWeights
+from roleagent_jax.rl.ppo import ppo_batch, ppo_epochs
+from roleagent_jax.rl.train_step import make_train_step
+from roleagent_jax.run import setup
+from roleagent_jax.run.checkpointing import Checkpointer, claim_workdir, write_json
+from roleagent_jax.run.metrics import MetricLogger, eval_metrics, iteration_metrics
+from roleagent_jax.run.record import check_resume, run_record, write_record
+from roleagent_jax.run.rollout import RolloutResult, collect_all
 from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
-from roleagent_jax.sharding import make_mesh
-from roleagent_jax.tokenizer import PromptEncoder, eos_ids
-from roleagent_jax.train_step import make_train_step
-from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.types import RolloutSettings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
 
@@ -331,7 +332,7 @@ class Trainer:
         return self.finish()
 
     def finish(self) -> dict:
-        from roleagent_jax.report import write_report
+        from roleagent_jax.run.report import write_report
 
         final_dir = self.workdir / "hf_final"
         self.weights.export(self.state.params, final_dir, self.tokenizer, fix_modes=self.is_main)

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from roleagent_jax.episodes import success_summary
+from roleagent_jax.envs.episodes import success_summary
 from roleagent_jax.types import Row
 
 if TYPE_CHECKING:
-    from roleagent_jax.rollout import RolloutResult
+    from roleagent_jax.run.rollout import RolloutResult
 
 ECHO_KEYS = (
     "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "update/loss",
