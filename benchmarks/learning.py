@@ -65,7 +65,7 @@ def run(config) -> dict:
 def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> float:
     """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
     from roleagent_jax.envs import get_family
-    from roleagent_jax.evaluate import evaluate
+    from roleagent_jax.evaluation.panel import evaluate
     from roleagent_jax.evaluation.policy import ModelPolicy
 
     family = get_family(config.env.name)
@@ -283,7 +283,7 @@ def reported(behaviour: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str,
 def behaviour_lines(behaviour: dict[str, dict[str, list[dict]]]) -> list[str]:
     """One line per model: for each split, each rate with its value per seed ("-" where a seed's
     evaluation did not report it)."""
-    from roleagent_jax.evaluate import behaviour_value
+    from roleagent_jax.evaluation.panel import behaviour_value
 
     lines = []
     for name, row in behaviour.items():

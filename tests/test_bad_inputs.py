@@ -614,7 +614,7 @@ def test_evaluate_cli_names_a_corrupt_game_file_and_skips_it_on_request(tmp_path
     fake_split(tmp_path)
     out = run_evaluate("--split=valid_seen", f"--data={tmp_path}", timeout=120)
     assert_one_line_error(out, "corrupt game file", "Shelf-2/trial_1/game.tw-pddl")
-    from roleagent_jax.evaluate import build_parser
+    from roleagent_jax.evaluation.cli import build_parser
 
     assert build_parser().parse_args(["--on-corrupt=skip"]).on_corrupt == "skip"
 
@@ -663,7 +663,7 @@ class FailingEnvs:
 
 def test_failed_games_are_listed_by_name_and_reason():
     from roleagent_jax.envs.base import Task, TaskPool, get_family
-    from roleagent_jax.evaluate import RandomPolicy, run_episodes, summarize
+    from roleagent_jax.evaluation.panel import RandomPolicy, run_episodes, summarize
 
     family = get_family("alfworld")
     pool = TaskPool([Task(f"game{i}", family.task_types[0], "goal", None) for i in range(3)])
@@ -1062,16 +1062,16 @@ def test_each_key_a_resume_may_change_is_a_declared_key_or_section():
 
 
 def test_evaluate_refuses_an_episodes_folder_it_cannot_write_before_playing(tmp_path, capsys, monkeypatch):
-    from roleagent_jax import evaluate
+    from roleagent_jax.evaluation import cli
 
     def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(evaluate.tempfile, "TemporaryFile", read_only)  # a read-only folder, even for root
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", read_only)  # a read-only folder, even for root
     episodes = tmp_path / "ro" / "episodes.jsonl"
     episodes.parent.mkdir()
     with pytest.raises(SystemExit) as err:
-        evaluate.main(["--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path / 'g'}",
+        cli.main(["--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path / 'g'}",
                        f"--episodes={episodes}"])  # fmt: skip
     out = capsys.readouterr()
     assert err.value.code == 2 and out.out == ""

@@ -316,9 +316,9 @@ def test_anchor_similarity_config_merges_near_identical_step_groups():
 def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
     """With no room settings given, a training run and `python -m roleagent_jax.evaluate` make the same
     games from the same seed: both take the family's own defaults."""
-    from roleagent_jax import evaluate
     from roleagent_jax.config import family_options
     from roleagent_jax.envs import get_family
+    from roleagent_jax.evaluation import cli
     from roleagent_jax.run.setup import make_task_pool
 
     c = load_config("base")
@@ -327,7 +327,7 @@ def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
     pool = make_task_pool(
         c, family.configured(family_options(c, family)), "gen_seen", tmp_path / "run", "train"
     )
-    evaluate.main(["--split=gen_seen", "--gen-n=3", "--gen-seed=0", f"--gen-dir={tmp_path / 'eval'}",
+    cli.main(["--split=gen_seen", "--gen-n=3", "--gen-seed=0", f"--gen-dir={tmp_path / 'eval'}",
                    "--num-workers=1", "--limit=1", "--quiet"])  # fmt: skip
 
     def games(folder: Path) -> dict[str, bytes]:  # every file the generator wrote, by relative path

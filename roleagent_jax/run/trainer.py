@@ -29,7 +29,7 @@ from roleagent_jax import aiw
 from roleagent_jax.backends import make_backend
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
-from roleagent_jax.evaluate import summarize
+from roleagent_jax.evaluation.panel import summarize
 from roleagent_jax.evaluation.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.models import save_pretrained
 from roleagent_jax.models.lora import LoRAConfig
