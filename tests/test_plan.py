@@ -16,7 +16,8 @@ from flax import nnx
 from qwen2_tiny import tiny_config
 
 from roleagent_jax.models import BUILTIN_MODELS, Qwen2Config, Qwen2ForCausalLM, init_cache
-from roleagent_jax.parallel.sharding import cache_sharding, make_mesh, shard_model
+from roleagent_jax.models.qwen2 import cache_sharding
+from roleagent_jax.parallel.sharding import make_mesh, shard_model
 from roleagent_jax.planner import advice, cli, memory, workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -424,9 +424,9 @@ class Family:
     ) -> str:
         """WIA's separate-mode prompt for one step: the model predicts the next `horizon` observations
         after `action`. Default: WIA's generic prompt in this family's `predictor_framing`."""
-        from roleagent_jax import wia
+        from roleagent_jax.envs.predictor_prompt import build_predictor_prompt
 
-        return wia.build_predictor_prompt(
+        return build_predictor_prompt(
             goal, history, observation, action, horizon, framing=self.predictor_framing
         )
 

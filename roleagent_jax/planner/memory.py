@@ -134,7 +134,7 @@ def rollout_layout(work: Workload, sizes: dict[str, int]) -> PrefixLayout | None
 
 def kv_cache_bytes(cfg: Qwen2Config, rows: int, length: int, sizes: dict[str, int]) -> tuple[int, int]:
     """(global, per-device) bytes of one sampler call's KV cache: rows over data x fsdp, KV heads over
-    tensor when they divide (``sharding.cache_sharding``)."""
+    tensor when they divide (``qwen2.cache_sharding``)."""
     cache = jax.eval_shape(lambda: init_cache(cfg, rows, length))
     total = tree_bytes(cache)
     heads = sizes["tensor"] if cfg.num_key_value_heads % sizes["tensor"] == 0 else 1

@@ -148,7 +148,7 @@ class Sampler:
     `num_compilations` counts traces of the two jitted functions (one per new bucket shape or
     sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
     With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
-    `sharding.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
+    `qwen2.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
     whole groups (their prefix cache beside their rows) the same way. `last_layout` is the
     shared-prefix layout of the last chunk generated (None: it used the plain per-row layout).
     """
@@ -213,7 +213,7 @@ class Sampler:
     def _constrain_cache(self, cache):
         if self.mesh is None:
             return cache
-        from roleagent_jax.parallel.sharding import cache_sharding
+        from roleagent_jax.models.qwen2 import cache_sharding
 
         return jax.lax.with_sharding_constraint(cache, cache_sharding(self.mesh, self.config))
 
