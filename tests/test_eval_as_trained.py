@@ -49,7 +49,7 @@ def played(monkeypatch) -> list:
     """Every evaluation's episodes, as (task, [(observation, response), ...]) in task order, recorded
     where the trainer and the command summarise them."""
     from roleagent_jax.evaluation import cli
-    from roleagent_jax.run import trainer
+    from roleagent_jax.run import evaluation_phase
 
     record, summarize = [], cli.summarize
 
@@ -59,7 +59,7 @@ def played(monkeypatch) -> list:
         return summarize(split, trajs, *args, **kwargs)
 
     monkeypatch.setattr(cli, "summarize", recording)
-    monkeypatch.setattr(trainer, "summarize", recording)
+    monkeypatch.setattr(evaluation_phase, "summarize", recording)
     return record
 
 

@@ -25,7 +25,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("models",),  # the model, checkpoints in and out, LoRA, the tokenizer
     ("sampling",),  # the jitted KV-cache sampler
     ("backends",),  # rollout backends around the sampler
-    ("rl", "wia", "aiw"),  # the update; world-in-agent; failure analysis and task sampling
+    ("rl",),  # advantages, the PPO loss and update, log-probs, the optimizer, the trained weights
+    ("wia", "aiw"),  # world-in-agent (its credit scales the advantages); failure analysis, task sampling
     ("config",),  # every key, its default and checks
     ("evaluation", "planner"),  # playing a split with a policy; the memory planner
     ("run",),  # a training run
