@@ -10,7 +10,7 @@ loads it in float32, we with ``load_pretrained``). They compute the mean next-to
 alternating rounds so a busy machine slows both alike. Warm-up and compilation are excluded from the
 rates; compilation time is reported separately. Last line: one JSON object.
 
-``--lora-rank R`` times the project's own PPO train step (``train_step.make_train_step``: loss, grads,
+``--lora-rank R`` times the project's own PPO train step (``rl.train_step.make_train_step``: loss, grads,
 AdamW update, donated state) with rank-R adapters on every projection against full fine-tuning of the
 same random model, alternating rounds as above.
 

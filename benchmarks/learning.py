@@ -274,7 +274,7 @@ def main() -> None:
 
 
 def reported(behaviour: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, list[dict]]]:
-    """The models and splits whose evaluations reported behaviour rates (`evaluate.summarize`'s
+    """The models and splits whose evaluations reported behaviour rates (`evaluation.panel.summarize`'s
     `behaviour`), each with its per-seed dicts; {} when the family reports none."""
     kept = {name: {s: v for s, v in row.items() if any(v)} for name, row in behaviour.items()}
     return {name: row for name, row in kept.items() if row}

@@ -138,7 +138,7 @@ def branch_success(stats: dict[str, float]) -> dict[str, float]:
 
 
 def eval_metrics(split: str, summary: dict) -> dict[str, float]:
-    """An evaluation summary (`evaluate.summarize`) as scalars: success overall (`all`) and per task
+    """An evaluation summary (`evaluation.panel.summarize`) as scalars: success overall (`all`) and per task
     type, the number of games played, and the family's score (WebShop's score, search-QA's EM) where it
     has one."""
     out = {f"eval/{split}/{k}": v for k, v in summary["per_type"].items()}

@@ -28,7 +28,7 @@ def _cell(p: float | None, se: float | None) -> str:
 
 
 def rates(summary: dict) -> dict[str, float]:
-    """Success per task type and overall (`all`) of an evaluation summary (`evaluate.summarize`)."""
+    """Success per task type and overall (`all`) of an evaluation summary (`evaluation.panel.summarize`)."""
     return {**summary.get("per_type", {}), "all": summary["success"]} if summary else {}
 
 

@@ -5,7 +5,7 @@
     -> failure analysis -> memory + retrieval -> new task-sampling logits
 
 Device work (generation, log-probs, updates) is jitted and sharded behind the rollout backend and the
-train step; what a run builds before its first iteration is in `run_setup`. This file is the thin
+train step; what a run builds before its first iteration is in `setup`. This file is the thin
 host-side orchestration between those calls, plus checkpoints and evaluation.
 """
 
