@@ -323,17 +323,15 @@ def test_tilde_is_expanded_in_paths(model_dir, tokenizer_dir, tmp_path, monkeypa
     assert out.env.gen.dir == str(tmp_path / "games") and len(PATH_KEYS) == 5
 
 
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m module args` from the repository root, without this process's XLA_FLAGS."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
 def run_main(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "roleagent_jax.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=timeout,
-    )
+    return run_module("roleagent_jax.main", *args, timeout=timeout)
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, *needles: str) -> None:
@@ -620,13 +618,7 @@ def test_evaluate_cli_names_a_corrupt_game_file_and_skips_it_on_request(tmp_path
 
 
 def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "roleagent_jax.evaluate", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
+    return run_module("roleagent_jax.evaluate", *args, timeout=timeout)
 
 
 @pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=-1", "--num-workers=0"])
