@@ -565,7 +565,8 @@ def test_unknown_split_names_fail_at_startup_with_the_known_ones(key):
 
 
 def test_a_family_without_listed_splits_accepts_any_name():
-    from roleagent_jax.envs.base import Family, get_family
+    from roleagent_jax.envs.base import Family
+    from roleagent_jax.envs.registry import get_family
 
     assert Family().known_splits() is None
     assert "gen_seen" in get_family("alfworld").known_splits()
@@ -591,7 +592,7 @@ def fake_split(root: Path, corrupt: bool = True) -> Path:
 
 
 def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     split = fake_split(tmp_path)
     bad = split / "pick_and_place_simple-Cup-None-Shelf-2" / "trial_1" / "game.tw-pddl"
@@ -600,7 +601,7 @@ def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
 
 
 def test_a_corrupt_game_file_is_skipped_with_a_warning_when_asked(tmp_path):
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     fake_split(tmp_path)
     with pytest.warns(UserWarning, match="Shelf-2/trial_1/game.tw-pddl"):
@@ -654,7 +655,8 @@ class FailingEnvs:
 
 
 def test_failed_games_are_listed_by_name_and_reason():
-    from roleagent_jax.envs.base import Task, TaskPool, get_family
+    from roleagent_jax.envs.base import Task, TaskPool
+    from roleagent_jax.envs.registry import get_family
     from roleagent_jax.evaluation.panel import RandomPolicy, run_episodes, summarize
 
     family = get_family("alfworld")

@@ -68,14 +68,14 @@ def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
 
 
 def test_base_config_exposes_the_family_options():
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     assert load("base").env.search_qa.to_dict() == dict(get_family("search_qa").gen_options)
 
 
 def test_real_sets_get_the_retriever_from_the_config(tmp_path):
     """The trainer hands env.search_qa to real splits too: the paper config's data sets find their corpus."""
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
     from roleagent_jax.run.setup import make_task_pool
 
     (tmp_path / "nq").mkdir()

@@ -2,7 +2,8 @@
 
 import pytest
 
-from roleagent_jax.envs.base import Family, Task, get_family, registered
+from roleagent_jax.envs.base import Family, Task
+from roleagent_jax.envs.registry import get_family, registered
 from roleagent_jax.envs.webshop.heuristic import RULE_ORDER, analyse
 from roleagent_jax.envs.webshop.prompts import build_agent_prompt, parse_action
 from roleagent_jax.envs.webshop.taxonomy import FAILURE_TYPES

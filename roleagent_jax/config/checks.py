@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 
 from roleagent_jax.config.keys import ALGO_PRESETS, CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, lookup
-from roleagent_jax.envs.base import get_family, registered
+from roleagent_jax.envs.registry import get_family, registered
 
 # Paths a user may write as ~/...: the shell does not expand ~ after --flag=.
 PATH_KEYS = ("workdir", "model.path", "tokenizer.path", "env.data_dir", "env.gen.dir")

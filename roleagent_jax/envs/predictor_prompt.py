@@ -4,10 +4,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from roleagent_jax.envs.text import clip_text
 
 PREDICT_STOP = "</predict>"  # ends a predictor answer: "<obs1>...</obs1> ... </predict>"
+
+
+@dataclass(frozen=True)
+class PredictorFraming:
+    """The family's words in WIA's predictor prompt (the rest of that prompt is generic).
+
+    intro    the first line, casting the model as the world ("Act as the game engine. ...").
+    reply    what one predicted observation is called, with its article ("the game's reply").
+    replies  the plural, after a number ("game replies", as in "the next 2 game replies").
+    """
+
+    intro: str = "Act as the environment. Predict what it shows next."
+    reply: str = "the environment's reply"
+    replies: str = "environment replies"
 
 
 def build_predictor_prompt(
@@ -26,7 +41,7 @@ def build_predictor_prompt(
     Kept short (a ~1k-context model must fit it): the task, the last ``history_k`` (observation,
     action) pairs, the current observation and the chosen action. The answer format is one tag per
     horizon, closed by ``PREDICT_STOP``; ``format_predictions`` writes the same format for warm starts.
-    ``framing`` (an ``envs.base.PredictorFraming``: intro, reply, replies) holds the family's words.
+    ``framing`` (a ``PredictorFraming``: intro, reply, replies) holds the family's words.
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from roleagent_jax.config.schema import option_errors
-from roleagent_jax.envs.base import Family, get_family, registered
+from roleagent_jax.envs.base import Family
+from roleagent_jax.envs.registry import get_family, registered
 from roleagent_jax.evaluation.panel import (
     behaviour_text,
     evaluate_trajectories,

@@ -17,7 +17,7 @@ from ml_collections import ConfigDict
 
 from roleagent_jax.config import CONFIG, PATH_KEYS
 from roleagent_jax.config.schema import family_options, lookup
-from roleagent_jax.envs.base import get_family
+from roleagent_jax.envs.registry import get_family
 from roleagent_jax.run.checkpointing import claim_workdir, write_json
 
 RUN_FILE = "run.json"
