@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import median_time, print_json  # noqa: E402
-from roleagent_jax.advantages import gigpo_advantages  # noqa: E402
+from roleagent_jax.rl.advantages import gigpo_advantages  # noqa: E402
 
 
 def synthetic_rollouts(

@@ -64,7 +64,7 @@ def model_labels(checkpoint: str, family, trajectories: list, max_tokens: int) -
 
     from roleagent_jax.aiw.loop import analysis_request
     from roleagent_jax.aiw.report_parser import parse_failure_report
-    from roleagent_jax.policy import ModelPolicy
+    from roleagent_jax.evaluation.policy import ModelPolicy
     from roleagent_jax.sampling import SamplingParams
 
     policy = ModelPolicy(checkpoint, family, temperature=0.0)

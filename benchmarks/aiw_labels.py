@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from benchmarks.common import demo_config  # noqa: E402
 from roleagent_jax.envs import get_family  # noqa: E402
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv  # noqa: E402
-from roleagent_jax.run_setup import make_task_pool  # noqa: E402
+from roleagent_jax.run.setup import make_task_pool  # noqa: E402
 
 _ABSENT = re.compile(r"names ([a-z]+ \d+), which nothing in the episode showed")
 

@@ -10,7 +10,7 @@ loads it in float32, we with ``load_pretrained``). They compute the mean next-to
 alternating rounds so a busy machine slows both alike. Warm-up and compilation are excluded from the
 rates; compilation time is reported separately. Last line: one JSON object.
 
-``--lora-rank R`` times the project's own PPO train step (``train_step.make_train_step``: loss, grads,
+``--lora-rank R`` times the project's own PPO train step (``rl.train_step.make_train_step``: loss, grads,
 AdamW update, donated state) with rank-R adapters on every projection against full fine-tuning of the
 same random model, alternating rounds as above.
 
@@ -42,12 +42,12 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.common import BENCH_QWEN2, matmul_flops_per_s, model_flops_per_token, print_json  # noqa: E402
-from roleagent_jax.logprobs import TARGET_KEY  # noqa: E402
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained  # noqa: E402
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora  # noqa: E402
-from roleagent_jax.optimizer import TrainState, make_optimizer  # noqa: E402
-from roleagent_jax.ppo import pack_rows  # noqa: E402
-from roleagent_jax.train_step import make_train_step  # noqa: E402
+from roleagent_jax.rl.logprobs import TARGET_KEY  # noqa: E402
+from roleagent_jax.rl.optimizer import TrainState, make_optimizer  # noqa: E402
+from roleagent_jax.rl.ppo import pack_rows  # noqa: E402
+from roleagent_jax.rl.train_step import make_train_step  # noqa: E402
 
 # Model shapes of the LoRA comparison: the demo's random-init model (configs/demo.py, its ~1024-token
 # trained tokenizer) and SmolLM2-135M's architecture (random weights: only speed is measured).

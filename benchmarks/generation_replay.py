@@ -106,7 +106,7 @@ class Recorder:
 
 def record(args) -> dict:
     from roleagent_jax.config.files import load_config_file
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     overrides = [*args.set, "warmstart.steps=0", f"workdir={tempfile.mkdtemp(prefix='genreplay_')}"]
     config = load_config_file(args.config, overrides)
@@ -220,8 +220,8 @@ def replay(args) -> dict:
 
     from roleagent_jax.backends import make_backend
     from roleagent_jax.models import load_pretrained
+    from roleagent_jax.models.tokenizer import eos_ids, load_tokenizer
     from roleagent_jax.sampling.sampler import capped_batch_buckets
-    from roleagent_jax.tokenizer import eos_ids, load_tokenizer
 
     recording = json.loads(Path(args.calls).read_text())
     calls = recording["calls"][: args.max_calls] if args.max_calls else recording["calls"]

@@ -53,7 +53,7 @@ PANEL_BATCH = (
 
 
 def run(config) -> dict:
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(config)
     try:
@@ -65,8 +65,8 @@ def run(config) -> dict:
 def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> float:
     """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
     from roleagent_jax.envs import get_family
-    from roleagent_jax.evaluate import evaluate
-    from roleagent_jax.policy import ModelPolicy
+    from roleagent_jax.evaluation.panel import evaluate
+    from roleagent_jax.evaluation.policy import ModelPolicy
 
     family = get_family(config.env.name)
 
@@ -274,7 +274,7 @@ def main() -> None:
 
 
 def reported(behaviour: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, list[dict]]]:
-    """The models and splits whose evaluations reported behaviour rates (`evaluate.summarize`'s
+    """The models and splits whose evaluations reported behaviour rates (`evaluation.panel.summarize`'s
     `behaviour`), each with its per-seed dicts; {} when the family reports none."""
     kept = {name: {s: v for s, v in row.items() if any(v)} for name, row in behaviour.items()}
     return {name: row for name, row in kept.items() if row}
@@ -283,7 +283,7 @@ def reported(behaviour: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str,
 def behaviour_lines(behaviour: dict[str, dict[str, list[dict]]]) -> list[str]:
     """One line per model: for each split, each rate with its value per seed ("-" where a seed's
     evaluation did not report it)."""
-    from roleagent_jax.evaluate import behaviour_value
+    from roleagent_jax.evaluation.panel import behaviour_value
 
     lines = []
     for name, row in behaviour.items():

@@ -135,7 +135,7 @@ def time_interleaved(configs: dict, reasoning: int) -> dict[str, dict[str, list[
 
     The runs take turns, one iteration each, so a machine that slows down or speeds up during the
     benchmark (other jobs, thermal limits) moves every run alike and their ratio stays fair."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     runs = {}
     try:

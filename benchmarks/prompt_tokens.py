@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import print_json  # noqa: E402
 from roleagent_jax.config import family_options  # noqa: E402
 from roleagent_jax.envs import EnvPool, get_family  # noqa: E402
-from roleagent_jax.run_setup import EXPERT_MAX_STEPS  # noqa: E402
-from roleagent_jax.tokenizer import chat_prompt, load_tokenizer  # noqa: E402
-from roleagent_jax.warmstart import examples_from_episodes, expert_episodes  # noqa: E402
+from roleagent_jax.models.tokenizer import chat_prompt, load_tokenizer  # noqa: E402
+from roleagent_jax.run.setup import EXPERT_MAX_STEPS  # noqa: E402
+from roleagent_jax.run.warmstart import examples_from_episodes, expert_episodes  # noqa: E402
 
 # (label, family options changed, history_k): the config's own first, then the alternatives.
 VARIANTS = {

@@ -43,14 +43,14 @@ from flax import nnx  # noqa: E402
 
 from benchmarks.common import print_json  # noqa: E402
 from roleagent_jax.config import CONFIG  # noqa: E402
-from roleagent_jax.logprobs import make_logprob_fn  # noqa: E402
-from roleagent_jax.losses import LossConfig  # noqa: E402
 from roleagent_jax.models import load_pretrained  # noqa: E402
 from roleagent_jax.models.lora import TARGETS, LoRAConfig, LoRAParam, add_lora  # noqa: E402
 from roleagent_jax.models.peft_io import adapter_tensors  # noqa: E402
-from roleagent_jax.optimizer import TrainState, make_optimizer  # noqa: E402
-from roleagent_jax.ppo import pack_rows, pack_segments, padded_share  # noqa: E402
-from roleagent_jax.train_step import make_train_step  # noqa: E402
+from roleagent_jax.rl.logprobs import make_logprob_fn  # noqa: E402
+from roleagent_jax.rl.losses import LossConfig  # noqa: E402
+from roleagent_jax.rl.optimizer import TrainState, make_optimizer  # noqa: E402
+from roleagent_jax.rl.ppo import pack_rows, pack_segments, padded_share  # noqa: E402
+from roleagent_jax.rl.train_step import make_train_step  # noqa: E402
 
 LR = 1e-5
 TINY = dict(

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import print_json  # noqa: E402
-from roleagent_jax.advantages import gigpo_advantages  # noqa: E402
+from roleagent_jax.rl.advantages import gigpo_advantages  # noqa: E402
 from roleagent_jax.wia.shaping import FILLS, fill_unscored, return_multiplier  # noqa: E402
 
 WINNERS, LOSERS, PLAN, LOST_STEPS, WIN = 3, 5, 5, 15, 10.0

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from benchmarks.common import mean_se, print_json  # noqa: E402
-from roleagent_jax.envs.base import get_family  # noqa: E402
-from roleagent_jax.evaluate import evaluate_trajectories  # noqa: E402
-from roleagent_jax.policy import ModelPolicy  # noqa: E402
-from roleagent_jax.run_setup import make_task_pool  # noqa: E402
+from roleagent_jax.envs.registry import get_family  # noqa: E402
+from roleagent_jax.evaluation.panel import evaluate_trajectories  # noqa: E402
+from roleagent_jax.evaluation.policy import ModelPolicy  # noqa: E402
+from roleagent_jax.run.setup import make_task_pool  # noqa: E402
 
 # family -> (demo config, paper config)
 CONFIGS = {

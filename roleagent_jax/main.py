@@ -71,8 +71,8 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         fail(f"unexpected arguments: {' '.join(argv[1:])} (settings are --config.<key>=<value>)")
     logging.set_verbosity(logging.WARNING)  # keep library INFO chatter (orbax, XLA) off the console
-    from roleagent_jax.checkpointing import CheckpointError  # heavy imports only once the flags are valid
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.checkpointing import CheckpointError  # heavy imports only once the flags are valid
+    from roleagent_jax.run.trainer import Trainer
 
     user_errors = (ValueError, CheckpointError, FileNotFoundError, NotADirectoryError, PermissionError)
     try:
@@ -105,7 +105,7 @@ def _percent(value: float | None) -> str:
 def print_summary(summary: dict) -> None:
     """The before/after success table (per eval split, with the family's score where it has one) and
     where the report and model are."""
-    from roleagent_jax.report import rates
+    from roleagent_jax.run.report import rates
 
     ev = summary.get("eval", {})
     before, after = ev.get("before", {}), ev.get("after", {})

@@ -17,9 +17,9 @@ from typing import Any
 from keyfamily import KeyNote
 
 from roleagent_jax.envs import Family, TaskPool, register, unregister
-from roleagent_jax.run_setup import Experts
-from roleagent_jax.trainer import Trainer
-from roleagent_jax.warmstart import Example
+from roleagent_jax.run.setup import Experts
+from roleagent_jax.run.trainer import Trainer
+from roleagent_jax.run.warmstart import Example
 
 RANDOM_EPISODES_PER_TASK = 8
 

@@ -44,9 +44,9 @@ def install(phase: str, at: int) -> None:
     import jax
     import orbax.checkpoint._src.path.atomicity as atomicity
 
-    from roleagent_jax import checkpointing, trainer, warmstart
     from roleagent_jax.aiw import memory
     from roleagent_jax.envs import pool
+    from roleagent_jax.run import checkpointing, trainer, warmstart
 
     started: list[Path] = []  # the step folders of every save the run started
     save = checkpointing.Checkpointer.save

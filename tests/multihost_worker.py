@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
     import numpy as np
     from flax import nnx
 
-    from roleagent_jax import distributed
+    from roleagent_jax.parallel import distributed
 
     if args.num_processes > 1:
         distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id)
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     from qwen2_tiny import tiny_config
 
     from roleagent_jax.models import Qwen2ForCausalLM
-    from roleagent_jax.sharding import make_mesh, param_shardings
+    from roleagent_jax.parallel.sharding import make_mesh, param_shardings
 
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     mesh = make_mesh(data, fsdp, tensor)
@@ -124,9 +124,9 @@ def _real_train_step(graphdef, params, mesh):
     import jax
     import jax.numpy as jnp
 
-    from roleagent_jax.logprobs import make_logprob_fn
-    from roleagent_jax.optimizer import TrainState, make_optimizer
-    from roleagent_jax.train_step import make_train_step
+    from roleagent_jax.rl.logprobs import make_logprob_fn
+    from roleagent_jax.rl.optimizer import TrainState, make_optimizer
+    from roleagent_jax.rl.train_step import make_train_step
 
     # eps well above gradient round-off: Adam would otherwise blow float noise in near-zero gradients
     # (summed in a different order on one process) up to lr-sized update differences.
@@ -161,8 +161,8 @@ def _trainer_iteration(args) -> None:
     import numpy as np
 
     from configs import demo
-    from roleagent_jax import distributed
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.parallel import distributed
+    from roleagent_jax.run.trainer import Trainer
 
     c = demo.get_config()
     c.workdir = str(Path(args.out).parent / "trainer_run")  # one workdir shared by the processes

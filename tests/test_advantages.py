@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from roleagent_jax.advantages import (
+from roleagent_jax.rl.advantages import (
     gigpo_advantages,
     hash_anchor,
     similar_anchor_hashes,

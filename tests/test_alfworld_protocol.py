@@ -3,7 +3,7 @@ reference's format rule for valid actions; the compact prompt and availability r
 
 import pytest
 
-from roleagent_jax.envs.base import get_family
+from roleagent_jax.envs.registry import get_family
 
 ADM = ["go to cabinet 1", "go to countertop 1", "look", "inventory", "help"]
 INTRO = (

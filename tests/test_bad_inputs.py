@@ -32,7 +32,7 @@ def small_state(offset: float = 0.0) -> dict:
 
 
 def write_steps(directory: Path, steps=(1, 2)) -> None:
-    from roleagent_jax.checkpointing import Checkpointer
+    from roleagent_jax.run.checkpointing import Checkpointer
 
     ckpt = Checkpointer(directory, keep=5)
     for s in steps:
@@ -45,8 +45,8 @@ def test_fresh_start_refuses_to_run_over_an_earlier_runs_checkpoints(tmp_path):
     failure memory and then never checkpoint, as orbax declined the existing steps)."""
     from test_trainer import tiny_config
 
-    from roleagent_jax.checkpointing import CheckpointError
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.checkpointing import CheckpointError
+    from roleagent_jax.run.trainer import Trainer
 
     workdir = tmp_path / "run"
     write_steps(workdir / "checkpoints")
@@ -63,7 +63,7 @@ def test_fresh_start_refuses_to_run_over_an_earlier_runs_checkpoints(tmp_path):
 
 
 def test_overwrite_moves_the_earlier_run_aside(tmp_path):
-    from roleagent_jax.checkpointing import claim_workdir, saved_steps
+    from roleagent_jax.run.checkpointing import claim_workdir, saved_steps
 
     workdir = tmp_path / "run"
     write_steps(workdir / "checkpoints")
@@ -83,7 +83,7 @@ def test_overwrite_needs_resume_off():
 
 
 def test_a_save_orbax_declines_raises(tmp_path):
-    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+    from roleagent_jax.run.checkpointing import Checkpointer, CheckpointError
 
     ckpt = Checkpointer(tmp_path / "ckpt")
     ckpt.save(2, small_state(2), {"iteration": 2})
@@ -96,7 +96,7 @@ def test_a_save_orbax_declines_raises(tmp_path):
 
 def test_a_save_that_never_lands_raises(tmp_path, monkeypatch):
     """orbax only logs a failed background write; the step must then be missing loudly."""
-    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+    from roleagent_jax.run.checkpointing import Checkpointer, CheckpointError
 
     ckpt = Checkpointer(tmp_path / "ckpt")
     monkeypatch.setattr(ckpt._manager, "save", lambda step, args: True)  # reports success, writes nothing
@@ -129,7 +129,7 @@ def _garbage_host_json(step_dir: Path) -> None:
     ],
 )
 def test_restore_falls_back_past_an_unreadable_step(tmp_path, capfd, corrupt, where, why):
-    from roleagent_jax.checkpointing import Checkpointer
+    from roleagent_jax.run.checkpointing import Checkpointer
 
     directory = tmp_path / "ckpt"
     write_steps(directory)
@@ -147,7 +147,7 @@ def test_restore_falls_back_past_an_unreadable_step(tmp_path, capfd, corrupt, wh
 
 
 def test_no_readable_step_names_the_folder_to_delete(tmp_path):
-    from roleagent_jax.checkpointing import Checkpointer, CheckpointError
+    from roleagent_jax.run.checkpointing import Checkpointer, CheckpointError
 
     directory = tmp_path / "ckpt"
     write_steps(directory)
@@ -169,7 +169,7 @@ def test_resumed_runs_store_the_final_evaluation_and_log_each_step_once(tmp_path
     logging a step and checkpointing it logs that step once after resuming."""
     from test_trainer import tiny_config
 
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     evaluated_at = []
 
@@ -227,7 +227,7 @@ def _tb_purge_steps(tb_dir: Path) -> list[int]:
 
 
 def test_metrics_are_truncated_to_the_restored_step(tmp_path):
-    from roleagent_jax.metrics import MetricLogger
+    from roleagent_jax.run.metrics import MetricLogger
 
     first = MetricLogger(tmp_path, tensorboard=True)
     for step in (1, 2, 3, 4):
@@ -323,17 +323,15 @@ def test_tilde_is_expanded_in_paths(model_dir, tokenizer_dir, tmp_path, monkeypa
     assert out.env.gen.dir == str(tmp_path / "games") and len(PATH_KEYS) == 5
 
 
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m module args` from the repository root, without this process's XLA_FLAGS."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+
+
 def run_main(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "roleagent_jax.main", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=timeout,
-    )
+    return run_module("roleagent_jax.main", *args, timeout=timeout)
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, *needles: str) -> None:
@@ -567,7 +565,8 @@ def test_unknown_split_names_fail_at_startup_with_the_known_ones(key):
 
 
 def test_a_family_without_listed_splits_accepts_any_name():
-    from roleagent_jax.envs.base import Family, get_family
+    from roleagent_jax.envs.base import Family
+    from roleagent_jax.envs.registry import get_family
 
     assert Family().known_splits() is None
     assert "gen_seen" in get_family("alfworld").known_splits()
@@ -593,7 +592,7 @@ def fake_split(root: Path, corrupt: bool = True) -> Path:
 
 
 def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     split = fake_split(tmp_path)
     bad = split / "pick_and_place_simple-Cup-None-Shelf-2" / "trial_1" / "game.tw-pddl"
@@ -602,7 +601,7 @@ def test_a_corrupt_game_file_fails_naming_it_by_default(tmp_path):
 
 
 def test_a_corrupt_game_file_is_skipped_with_a_warning_when_asked(tmp_path):
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     fake_split(tmp_path)
     with pytest.warns(UserWarning, match="Shelf-2/trial_1/game.tw-pddl"):
@@ -614,19 +613,13 @@ def test_evaluate_cli_names_a_corrupt_game_file_and_skips_it_on_request(tmp_path
     fake_split(tmp_path)
     out = run_evaluate("--split=valid_seen", f"--data={tmp_path}", timeout=120)
     assert_one_line_error(out, "corrupt game file", "Shelf-2/trial_1/game.tw-pddl")
-    from roleagent_jax.evaluate import build_parser
+    from roleagent_jax.evaluation.cli import build_parser
 
     assert build_parser().parse_args(["--on-corrupt=skip"]).on_corrupt == "skip"
 
 
 def run_evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "roleagent_jax.evaluate", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
+    return run_module("roleagent_jax.evaluate", *args, timeout=timeout)
 
 
 @pytest.mark.parametrize("flag", ["--max-steps=0", "--limit=-1", "--batch-size=-1", "--num-workers=0"])
@@ -662,8 +655,9 @@ class FailingEnvs:
 
 
 def test_failed_games_are_listed_by_name_and_reason():
-    from roleagent_jax.envs.base import Task, TaskPool, get_family
-    from roleagent_jax.evaluate import RandomPolicy, run_episodes, summarize
+    from roleagent_jax.envs.base import Task, TaskPool
+    from roleagent_jax.envs.registry import get_family
+    from roleagent_jax.evaluation.panel import RandomPolicy, run_episodes, summarize
 
     family = get_family("alfworld")
     pool = TaskPool([Task(f"game{i}", family.task_types[0], "goal", None) for i in range(3)])
@@ -680,7 +674,7 @@ def test_failed_games_are_listed_by_name_and_reason():
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    from roleagent_jax.tokenizer import train_bpe_tokenizer
+    from roleagent_jax.models.tokenizer import train_bpe_tokenizer
 
     path = tmp_path_factory.mktemp("tok")
     train_bpe_tokenizer(["go to the fridge", "take the apple from the table"] * 20, 300, path)
@@ -699,7 +693,7 @@ def test_a_corrupt_tokenizer_directory_names_the_file(tokenizer_dir, tmp_path, n
     import shutil
 
     from roleagent_jax.config import validate
-    from roleagent_jax.tokenizer import load_tokenizer
+    from roleagent_jax.models.tokenizer import load_tokenizer
 
     path = Path(shutil.copytree(tokenizer_dir, tmp_path / "t"))
     load_tokenizer(path)  # intact: loads
@@ -761,8 +755,8 @@ def test_every_key_is_listed_with_its_default_and_check():
 def test_a_killed_warm_start_resumes_to_the_same_parameters(tmp_path):
     from qwen2_tiny import Killed, char_ids, kill_after, tiny_sft_model
 
-    from roleagent_jax.checkpointing import Checkpointer
-    from roleagent_jax.warmstart import Example, run_sft
+    from roleagent_jax.run.checkpointing import Checkpointer
+    from roleagent_jax.run.warmstart import Example, run_sft
 
     graphdef, params = tiny_sft_model()
     examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(12)]
@@ -791,7 +785,7 @@ def test_a_killed_warm_start_resumes_to_the_same_parameters(tmp_path):
 
 
 def test_a_fresh_start_refuses_to_run_over_a_killed_warm_start(tmp_path):
-    from roleagent_jax.checkpointing import CheckpointError, claim_workdir
+    from roleagent_jax.run.checkpointing import CheckpointError, claim_workdir
 
     write_steps(tmp_path / "warmstart_checkpoints", steps=(2,))
     with pytest.raises(CheckpointError, match="warmstart_checkpoints holds checkpoints"):
@@ -967,7 +961,7 @@ def test_written_weights_are_readable_as_the_folders_other_files(model_dir, tmp_
 
 def recorded_workdir(tmp_path: Path) -> Path:
     """A workdir whose run (configs/demo.py) recorded itself, with a checkpoint and games beside it."""
-    from roleagent_jax.run_record import run_record, write_record
+    from roleagent_jax.run.record import run_record, write_record
 
     workdir = tmp_path / "run"
     write_steps(workdir / "checkpoints", steps=(1,))
@@ -999,7 +993,7 @@ def test_resuming_a_workdir_with_another_config_is_refused_before_anything_is_wr
      ("env.alfworld.num_objects", (2, 3)), ("rollout.group_size", 4), ("warmstart.long_repeat", 3)],
 )  # fmt: skip
 def test_a_resume_that_changes_what_the_checkpoints_mean_names_the_key(tmp_path, key, value):
-    from roleagent_jax.run_record import check_resume, run_record
+    from roleagent_jax.run.record import check_resume, run_record
 
     workdir = recorded_workdir(tmp_path)
     c = load_config("demo")
@@ -1015,7 +1009,7 @@ def test_a_resume_that_changes_what_the_checkpoints_mean_names_the_key(tmp_path,
 
 
 def test_a_resume_may_change_how_long_and_how_the_run_evaluates_logs_and_runs(tmp_path):
-    from roleagent_jax.run_record import check_resume, run_record
+    from roleagent_jax.run.record import check_resume, run_record
 
     workdir = recorded_workdir(tmp_path)
     c = load_config("demo")
@@ -1028,7 +1022,7 @@ def test_a_resume_may_change_how_long_and_how_the_run_evaluates_logs_and_runs(tm
 def test_a_key_declared_after_a_run_started_counts_as_its_default_on_resume(tmp_path):
     """A run recorded before `rollout.branch_at` existed played without branching: it resumes with the
     key's default and is refused with another value."""
-    from roleagent_jax.run_record import RUN_FILE, check_resume, run_record
+    from roleagent_jax.run.record import RUN_FILE, check_resume, run_record
 
     workdir = recorded_workdir(tmp_path)
     saved = json.loads((workdir / RUN_FILE).read_text())
@@ -1042,7 +1036,7 @@ def test_a_key_declared_after_a_run_started_counts_as_its_default_on_resume(tmp_
 
 
 def test_the_keys_a_resume_may_change_are_documented():
-    from roleagent_jax.run_record import RESUMABLE
+    from roleagent_jax.run.record import RESUMABLE
 
     doc = (ROOT / "docs" / "scaling.md").read_text()
     assert [key for key in RESUMABLE if f"`{key}`" not in doc] == []
@@ -1051,7 +1045,7 @@ def test_the_keys_a_resume_may_change_are_documented():
 def test_each_key_a_resume_may_change_is_a_declared_key_or_section():
     """A renamed key left in RESUMABLE would silently stop matching, and a resume that changes it be refused."""
     from roleagent_jax.config import CONFIG
-    from roleagent_jax.run_record import RESUMABLE
+    from roleagent_jax.run.record import RESUMABLE
 
     declared = [dotted for dotted, _ in CONFIG.keys()]
     assert [k for k in RESUMABLE if not any(d == k or d.startswith(k + ".") for d in declared)] == []
@@ -1062,16 +1056,16 @@ def test_each_key_a_resume_may_change_is_a_declared_key_or_section():
 
 
 def test_evaluate_refuses_an_episodes_folder_it_cannot_write_before_playing(tmp_path, capsys, monkeypatch):
-    from roleagent_jax import evaluate
+    from roleagent_jax.evaluation import cli
 
     def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(evaluate.tempfile, "TemporaryFile", read_only)  # a read-only folder, even for root
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", read_only)  # a read-only folder, even for root
     episodes = tmp_path / "ro" / "episodes.jsonl"
     episodes.parent.mkdir()
     with pytest.raises(SystemExit) as err:
-        evaluate.main(["--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path / 'g'}",
+        cli.main(["--policy=random", "--split=gen_seen", "--gen-n=1", f"--gen-dir={tmp_path / 'g'}",
                        f"--episodes={episodes}"])  # fmt: skip
     out = capsys.readouterr()
     assert err.value.code == 2 and out.out == ""

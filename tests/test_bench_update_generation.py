@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks import generation_replay as replay
 from benchmarks import update_torch
-from roleagent_jax.ppo import pack_rows
+from roleagent_jax.rl.ppo import pack_rows
 from roleagent_jax.sampling import SampleRequest, SampleResult, SamplingParams
 
 

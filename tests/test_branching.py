@@ -16,13 +16,13 @@ from flax import nnx
 from roleagent_jax.config import CONFIG, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.search_qa.parser import parse_turn
-from roleagent_jax.logprobs import make_logprob_fn
-from roleagent_jax.metrics import branch_success
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
-from roleagent_jax.ppo import pack_rows, ppo_batch
-from roleagent_jax.rollout import branch_slots, collect, last_slots
+from roleagent_jax.models.tokenizer import PromptEncoder, train_bpe_tokenizer
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.ppo import pack_rows, ppo_batch
+from roleagent_jax.run.metrics import branch_success
+from roleagent_jax.run.rollout import branch_slots, collect, last_slots
 from roleagent_jax.sampling import Sampler, SampleResult, SamplingParams
-from roleagent_jax.tokenizer import PromptEncoder, train_bpe_tokenizer
 from roleagent_jax.types import RolloutSettings
 
 FAMILY = get_family("search_qa").configured({"prompt": "compact"})

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from roleagent_jax.checkpointing import Checkpointer, from_jsonable, to_jsonable
+from roleagent_jax.run.checkpointing import Checkpointer, from_jsonable, to_jsonable
 
 
 def test_roundtrip_keep_n_and_shardings(tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from roleagent_jax.advantages import hash_anchor, row_advantages
+from roleagent_jax.rl.advantages import hash_anchor, row_advantages
 from roleagent_jax.types import Row
 
 WIN = 10.0

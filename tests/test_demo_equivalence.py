@@ -15,7 +15,7 @@ import importlib
 import json
 
 from roleagent_jax.config import family_options
-from roleagent_jax.envs.base import get_family
+from roleagent_jax.envs.registry import get_family
 
 RESPONSES = [
     "<think>x</think><action>go to cabinet 1</action>", "<action>look</action>", "look",

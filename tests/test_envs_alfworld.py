@@ -11,7 +11,7 @@ from textworld_reference import transcript
 from roleagent_jax.envs import TaskPool, get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
 from roleagent_jax.envs.alfworld.games import TASK_TYPES, WIN_REWARD, split_dir, task_type_of
-from roleagent_jax.evaluate import ExpertPolicy, RandomPolicy, evaluate
+from roleagent_jax.evaluation.panel import ExpertPolicy, RandomPolicy, evaluate
 
 ALFWORLD = get_family("alfworld")
 

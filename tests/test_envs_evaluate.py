@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from roleagent_jax import evaluate as ev
 from roleagent_jax.envs import EnvPool, get_family
+from roleagent_jax.evaluation import cli, panel
 from roleagent_jax.types import Step, Trajectory
 
 ALFWORLD = get_family("alfworld")
@@ -18,11 +18,11 @@ def gen_root(tmp_path_factory):
 
 def test_panel_does_not_depend_on_workers_or_batching(gen_root):
     pool = ALFWORLD.task_pool("gen_seen", gen_dir=gen_root, n=6, seed=1)
-    policy = ev.RandomPolicy(ALFWORLD, seed=3)
+    policy = panel.RandomPolicy(ALFWORLD, seed=3)
     with EnvPool(ALFWORLD, pool, num_workers=1, step_timeout=60) as envs:
-        a = ev.run_episodes(policy, ALFWORLD, envs, list(range(6)), max_steps=6)
+        a = panel.run_episodes(policy, ALFWORLD, envs, list(range(6)), max_steps=6)
     with EnvPool(ALFWORLD, pool, num_workers=2, step_timeout=60) as envs:
-        b = ev.run_episodes(policy, ALFWORLD, envs, [0, 1, 2, 3], max_steps=6) + ev.run_episodes(
+        b = panel.run_episodes(policy, ALFWORLD, envs, [0, 1, 2, 3], max_steps=6) + panel.run_episodes(
             policy, ALFWORLD, envs, [4, 5], 6
         )
 
@@ -34,7 +34,7 @@ def test_panel_does_not_depend_on_workers_or_batching(gen_root):
 
 
 def test_cli_prints_json_last(gen_root, capsys):
-    summary = ev.main(
+    summary = cli.main(
         ["--policy=expert", "--split=gen_unseen", f"--gen-dir={gen_root}", "--gen-n=6", "--num-workers=1"]
     )
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -46,12 +46,12 @@ def test_cli_prints_json_last(gen_root, capsys):
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     with pytest.raises(SystemExit):
-        ev.main(["--split=valid_seen", f"--data={tmp_path}"])
+        cli.main(["--split=valid_seen", f"--data={tmp_path}"])
     assert "alfworld-download" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        ev.main(["--split=gen_seen", f"--gen-dir={tmp_path}", "--checkpoint=/nonexistent"])
+        cli.main(["--split=gen_seen", f"--gen-dir={tmp_path}", "--checkpoint=/nonexistent"])
     with pytest.raises(SystemExit):
-        ev.main(["--env=nope", "--split=gen_seen"])
+        cli.main(["--env=nope", "--split=gen_seen"])
     assert "unknown environment 'nope'; known: alfworld" in capsys.readouterr().err
 
 
@@ -66,7 +66,7 @@ def test_summary_per_type():
         episode(1, "pick_two_obj_and_place", False, 50, 2),
         episode(2, "look_at_obj_in_light", True, 4, 0),
     ]
-    s = ev.summarize("x", rs, ALFWORLD.task_types)
+    s = panel.summarize("x", rs, ALFWORLD.task_types)
     assert s["n"] == 3 and s["success"] == pytest.approx(2 / 3)
     assert list(s["per_type"]) == ["look_at_obj_in_light", "pick_two_obj_and_place"]
     assert s["per_type"]["pick_two_obj_and_place"] == 0.5 and s["invalid_rate"] == pytest.approx(2 / 59)
@@ -75,7 +75,7 @@ def test_summary_per_type():
 def test_seed_reaches_the_model_policy(monkeypatch):
     """--seed picks the model's sampling key too, so a panel can be replayed under other draws; --greedy
     reaches it as well."""
-    import roleagent_jax.policy as policy
+    import roleagent_jax.evaluation.policy as policy
 
     seen = {}
 
@@ -83,7 +83,7 @@ def test_seed_reaches_the_model_policy(monkeypatch):
         seen.update(checkpoint=checkpoint, temperature=temperature, seed=seed, greedy=greedy)
 
     monkeypatch.setattr(policy, "ModelPolicy", record)
-    ev.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD, greedy=True)
+    panel.make_policy("expert", 7, "ckpt", 0.7, ALFWORLD, greedy=True)
     assert seen == {"checkpoint": "ckpt", "temperature": 0.7, "seed": 7, "greedy": True}
 
 
@@ -93,13 +93,13 @@ def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics(
     import math
     import statistics
 
-    from roleagent_jax.metrics import eval_metrics
+    from roleagent_jax.run.metrics import eval_metrics
 
     def traj(task_type, won, score):
         return Trajectory(task_id=0, task_type=task_type, goal="g", won=won, score=score)
 
     trajs = [traj("a", True, 1.0), traj("a", False, 0.5), traj("b", False, None), traj("b", False, 0.25)]
-    s = ev.summarize("test", trajs, ["a", "b"], score_name="em")
+    s = panel.summarize("test", trajs, ["a", "b"], score_name="em")
     every = [1.0, 0.5, 0.0, 0.25]  # an episode without a score counts 0
     assert s["score_name"] == "em" and s["em"] == sum(every) / 4
     assert math.isclose(s["em_se"], statistics.stdev(every) / 2)
@@ -107,7 +107,7 @@ def test_a_scored_summary_carries_its_score_and_standard_error_into_the_metrics(
     assert eval_metrics("test", s) == {"eval/test/a": 0.5, "eval/test/b": 0.0, "eval/test/all": 0.25,
                                        "eval/test/games": 4.0, "eval/test/em": s["em"]}  # fmt: skip
     assert s["wins"] == [1, 0, 0, 0]  # each game's outcome, for paired comparisons
-    unscored = ev.summarize("test", [traj("a", True, None)], ["a"])
+    unscored = panel.summarize("test", [traj("a", True, None)], ["a"])
     assert "score_name" not in unscored and set(eval_metrics("test", unscored)) == {
         "eval/test/a",
         "eval/test/all",
@@ -129,14 +129,14 @@ def test_the_summary_carries_the_family_behaviour_rates_only_where_it_reports_so
 
     pool = TaskPool([Task(f"t{i}", "look_at_obj_in_light", "goal") for i in range(2)])
     rs = [episode(0, "look_at_obj_in_light", True, 5, 0), episode(1, "look_at_obj_in_light", False, 1, 0)]
-    plain = ev.summarize("x", rs, ALFWORLD.task_types, pool=pool)
+    plain = panel.summarize("x", rs, ALFWORLD.task_types, pool=pool)
     assert ALFWORLD.behaviour(rs, pool) == {}
-    assert ev.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=ALFWORLD) == plain
+    assert panel.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=ALFWORLD) == plain
     assert "behaviour" not in plain
-    rated = ev.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=Counting())
+    rated = panel.summarize("x", rs, ALFWORLD.task_types, pool=pool, family=Counting())
     assert rated == {**plain, "behaviour": {"long": 0.5}}
-    assert "behaviour" not in ev.summarize("x", rs, ALFWORLD.task_types, family=Counting())  # no pool
+    assert "behaviour" not in panel.summarize("x", rs, ALFWORLD.task_types, family=Counting())  # no pool
     assert (
-        ev.behaviour_text({"rate": 0.25, "count": 12, "all": 1.0, "third": 1 / 3})
+        panel.behaviour_text({"rate": 0.25, "count": 12, "all": 1.0, "third": 1 / 3})
         == "rate 0.250, count 12, all 1.000, third 0.333"
     )

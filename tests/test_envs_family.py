@@ -112,9 +112,9 @@ def findkey_config(workdir):
 
 @pytest.mark.slow  # the learning test trains a registered family through the same code by default
 def test_registered_family_trains_and_evaluates_through_the_generic_code(findkey, tmp_path, capsys):
-    from roleagent_jax import evaluate
     from roleagent_jax.envs import get_family, registered
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.evaluation import cli
+    from roleagent_jax.run.trainer import Trainer
 
     assert "findkey" in registered() and get_family("findkey") is findkey
     trainer = Trainer(findkey_config(tmp_path))
@@ -127,8 +127,8 @@ def test_registered_family_trains_and_evaluates_through_the_generic_code(findkey
     for when in ("before", "after"):
         result = summary["eval"][when]["gen"]
         assert set(result["per_type"]) <= {"key_near", "key_far"} and 0.0 <= result["success"] <= 1.0
-    out = evaluate.main(["--env=findkey", "--split=gen", "--gen-n=5", "--num-workers=1", "--quiet"])
+    out = cli.main(["--env=findkey", "--split=gen", "--gen-n=5", "--num-workers=1", "--quiet"])
     assert out["n"] == 5 and out["success"] == 1.0 and out["invalid_rate"] == 0.0
-    random_ = evaluate.main(["--env=findkey", "--policy=random", "--split=gen", "--gen-n=5", "--quiet"])
+    random_ = cli.main(["--env=findkey", "--policy=random", "--split=gen", "--gen-n=5", "--quiet"])
     assert random_["n"] == 5 and random_["invalid_rate"] == 0.0
     capsys.readouterr()

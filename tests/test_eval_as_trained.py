@@ -19,7 +19,7 @@ SIZES = {
 
 def finished_run(name: str, workdir: Path, greedy: bool = True) -> dict:
     """A tiny run of configs/<name>.py through the trainer; its summary."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     c = shrunk(load_config(name), workdir)
     c.env.gen.n_train, c.env.gen.n_eval, c.warmstart.n_games = 4, 3, 4
@@ -39,7 +39,7 @@ def finished_run(name: str, workdir: Path, greedy: bool = True) -> dict:
 
 
 def evaluate_checkpoint(model_dir: Path, split: str, *flags: str) -> dict:
-    from roleagent_jax.evaluate import main
+    from roleagent_jax.evaluation.cli import main
 
     return main([f"--checkpoint={model_dir}", f"--split={split}", "--quiet", *flags])
 
@@ -48,17 +48,18 @@ def evaluate_checkpoint(model_dir: Path, split: str, *flags: str) -> dict:
 def played(monkeypatch) -> list:
     """Every evaluation's episodes, as (task, [(observation, response), ...]) in task order, recorded
     where the trainer and the command summarise them."""
-    from roleagent_jax import evaluate, trainer
+    from roleagent_jax.evaluation import cli
+    from roleagent_jax.run import evaluation_phase
 
-    record, summarize = [], evaluate.summarize
+    record, summarize = [], cli.summarize
 
     def recording(split, trajs, *args, **kwargs):
         episodes = [(t.task_id, [(s.observation, s.response) for s in t.steps]) for t in trajs]
         record.append(sorted(episodes, key=lambda e: e[0]))
         return summarize(split, trajs, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "summarize", recording)
-    monkeypatch.setattr(trainer, "summarize", recording)
+    monkeypatch.setattr(cli, "summarize", recording)
+    monkeypatch.setattr(evaluation_phase, "summarize", recording)
     return record
 
 
@@ -102,7 +103,7 @@ def test_a_flag_given_overrides_the_runs_setting_and_says_so(tmp_path, capsys):
 def test_the_settings_file_carries_what_the_run_trained_with():
     from roleagent_jax.config import family_options
     from roleagent_jax.envs import get_family
-    from roleagent_jax.trained_settings import run_settings
+    from roleagent_jax.evaluation.trained_settings import run_settings
 
     c = load_config("search_qa_demo")
     c.rollout.max_rows_per_call = 24
@@ -120,7 +121,7 @@ def test_an_older_settings_file_keeps_the_flags_defaults():
     """A roleagent.json of the prompt settings only (written before the run's settings were) changes
     nothing but the prompt."""
     from roleagent_jax.envs import get_family
-    from roleagent_jax.evaluate import apply_defaults, build_parser
+    from roleagent_jax.evaluation.cli import apply_defaults, build_parser
 
     family = get_family("alfworld")
     args = build_parser(family).parse_args(["--split=gen_seen"])
@@ -147,7 +148,7 @@ def test_an_older_settings_file_keeps_the_flags_defaults():
 )
 def test_a_mapping_option_is_given_on_the_command_line(text, value):
     from roleagent_jax.envs import get_family
-    from roleagent_jax.evaluate import build_parser
+    from roleagent_jax.evaluation.cli import build_parser
 
     args = build_parser(get_family("search_qa")).parse_args([f"--mix={text}"])
     assert args.option_mix == value

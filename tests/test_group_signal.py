@@ -2,9 +2,8 @@
 
 import numpy as np
 
-from roleagent_jax.advantages import gigpo_advantages
-from roleagent_jax.group_signal import flat_groups, uniform_group_share, zero_group_share
-from roleagent_jax.metrics import signal_metrics
+from roleagent_jax.rl.advantages import gigpo_advantages
+from roleagent_jax.rl.group_signal import flat_groups, signal_metrics, uniform_group_share, zero_group_share
 from roleagent_jax.types import Row, Step, Trajectory
 
 

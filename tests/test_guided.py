@@ -10,11 +10,11 @@ from conftest import load_config
 from flax import nnx
 
 from roleagent_jax.config import validate
-from roleagent_jax.logprobs import make_logprob_fn
-from roleagent_jax.losses import LossConfig, loss_from_config, policy_loss
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
-from roleagent_jax.opener_probs import opener_probabilities
-from roleagent_jax.ppo import ppo_batch
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.losses import LossConfig, loss_from_config, policy_loss
+from roleagent_jax.rl.opener_probs import opener_probabilities
+from roleagent_jax.rl.ppo import ppo_batch
 from roleagent_jax.types import Row
 
 
@@ -171,7 +171,7 @@ def test_a_guided_no_win_iteration_runs_through_the_trainer_and_logs_each_opener
     from conftest import shrunk
 
     from roleagent_jax.envs import get_family
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     c = shrunk(load_config("search_qa_demo"), tmp_path / "run")
     c.model.path, c.model.required = "", False

@@ -166,7 +166,7 @@ def _one_adamw_step(model, lr: float):
     import jax.numpy as jnp
     import optax
 
-    from roleagent_jax.optimizer import make_optimizer
+    from roleagent_jax.rl.optimizer import make_optimizer
 
     graphdef, params = nnx.split(model)
     ids, mask, _ = left_padded_batch(seed=5)

@@ -1,10 +1,14 @@
-"""The package's import graph has no circle, counting imports inside functions (they run as well) and
-those made only for type checking (a circle of types is a circle of meaning, even when nothing runs it).
+"""The package's import graph runs down the floors of docs/architecture.md and has no circle, counting
+imports inside functions (they run as well) and those made only for type checking (a circle of types is
+a circle of meaning, even when nothing runs it).
 
-The environment packages stay on their floor (docs/architecture.md): nothing they import, directly or
-through the modules they import, at module level or inside a function, reaches JAX or the model floor's
-modules (the model, the sampler, the optimizer and the train step), so environment worker processes
-never load them. Imports made only for type checking do not run and are not counted there."""
+The floors, lowest first, are the rooms (sub-packages) and root modules of the package: a module imports
+from its own room or from a room on a lower floor, never from one on its own floor or above.
+
+The environment packages stay on their floor: nothing they import, directly or through the modules they
+import, at module level or inside a function, reaches JAX or the device floors' modules (the mesh, the
+model, the sampler, the backends and the RL update), so environment worker processes never load them.
+Imports made only for type checking do not run and are not counted there."""
 
 import ast
 from collections import deque
@@ -12,13 +16,26 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "roleagent_jax"
 
-# What environment code must never reach: JAX and its libraries, and the model floor of the module map.
-DEVICE_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax")
-MODEL_FLOOR = tuple(
-    f"roleagent_jax.{name}"
-    for name in ("models", "sharding", "distributed", "losses", "optimizer", "logprobs", "ppo", "train_step")
-    + ("sampling", "backends")
+# The floors, lowest first; rooms on one floor do not import each other. "" is the package's own
+# `__init__`, which imports nothing of it.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("", "types"),  # plain records
+    ("envs",),  # the environment contract, the families, the episode loop: no JAX
+    ("parallel",),  # the mesh, partition rules, multi-host helpers
+    ("models",),  # the model, checkpoints in and out, LoRA, the tokenizer
+    ("sampling",),  # the jitted KV-cache sampler
+    ("backends",),  # rollout backends around the sampler
+    ("rl",),  # advantages, the PPO loss and update, log-probs, the optimizer, the trained weights
+    ("wia", "aiw"),  # world-in-agent (its credit scales the advantages); failure analysis, task sampling
+    ("config",),  # every key, its default and checks
+    ("evaluation", "planner"),  # playing a split with a policy; the memory planner
+    ("run",),  # a training run
+    ("main", "evaluate", "plan"),  # the commands
 )
+
+# What environment code must never reach: JAX and its libraries, and the device floors' rooms.
+DEVICE_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax")
+MODEL_FLOOR = tuple(f"roleagent_jax.{room}" for room in ("parallel", "models", "sampling", "backends", "rl"))
 
 
 def module_name(path: Path) -> str:
@@ -125,6 +142,54 @@ def floor_breaches(
                     came_from[nxt] = node
                     queue.append(nxt)
     return breaches
+
+
+def room_of(module: str) -> str:
+    """``roleagent_jax.rl.ppo`` -> ``rl``; a root module is its own room; the package itself is ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every import that does not run down the floors (to a room above, or to another room on its own
+    floor), and every room no floor names, one line each."""
+    floor = {room: level for level, rooms in enumerate(floors) for room in rooms}
+    found = sorted({f"room {room_of(m)!r} is on no floor" for m in graph if room_of(m) not in floor})
+    for module, targets in sorted(graph.items()):
+        here = room_of(module)
+        for target in sorted(targets):
+            there = room_of(target)
+            if here in floor and there in floor and there != here and floor[there] >= floor[here]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_floor_check_finds_an_upward_import():
+    floors = (("", "types"), ("envs",), ("rl", "wia"), ("run",))
+    graph = {
+        "p": set(),
+        "p.types": set(),
+        "p.envs.base": {"p.types"},
+        "p.rl.ppo": {"p.envs.base", "p.rl.losses"},
+        "p.rl.losses": set(),
+        "p.wia.shaping": {"p.envs.base"},
+        "p.run.trainer": {"p.rl.ppo", "p.wia.shaping"},
+    }
+    assert upward_imports(graph, floors) == []
+    graph["p.envs.base"].add("p.wia.shaping")  # a lazy import up a floor
+    graph["p.wia.shaping"].add("p.rl.losses")  # a sibling room on the same floor
+    graph["p.scale.mesh"] = set()  # a room no floor names
+    assert upward_imports(graph, floors) == [
+        "room 'scale' is on no floor",
+        "p.envs.base -> p.wia.shaping",
+        "p.wia.shaping -> p.rl.losses",
+    ]
+
+
+def test_imports_run_down_the_floors():
+    graph = import_graph()
+    assert "roleagent_jax.run.trainer" in graph and graph["roleagent_jax.envs.base"]
+    assert upward_imports(graph, FLOORS) == []
 
 
 def test_cycle_finder_finds_a_circle():

@@ -103,17 +103,10 @@ def test_a_kill_in_the_warm_start_resumes_exactly(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_a_kill_in_a_rollout_resumes_exactly(tmp_path, reference):
+@pytest.mark.parametrize("phase", ["rollout", "update"])
+def test_a_kill_in_a_rollout_or_an_update_resumes_exactly(tmp_path, reference, phase):
     workdir = tmp_path / "run"
-    kill_in("rollout", 2, workdir)
-    assert rl_steps(workdir) == [1]
-    resume_and_compare(workdir, reference, f"resumed from {workdir / 'checkpoints'} at iteration 1")
-
-
-@pytest.mark.slow
-def test_a_kill_in_an_update_resumes_exactly(tmp_path, reference):
-    workdir = tmp_path / "run"
-    kill_in("update", 2, workdir)
+    kill_in(phase, 2, workdir)
     assert rl_steps(workdir) == [1]
     resume_and_compare(workdir, reference, f"resumed from {workdir / 'checkpoints'} at iteration 1")
 

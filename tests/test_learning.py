@@ -31,11 +31,11 @@ def test_rl_takes_key_note_success_from_chance_to_most_episodes(tmp_path):
 @pytest.fixture(params=["zeroed", "flipped"])
 def broken_advantages(request, monkeypatch):
     """The trainer's advantage function with its output zeroed or its sign flipped."""
-    from roleagent_jax import trainer
+    from roleagent_jax.wia import credit
 
-    real = trainer.row_advantages
+    real = credit.row_advantages
     scale = {"zeroed": 0.0, "flipped": -1.0}[request.param]
-    monkeypatch.setattr(trainer, "row_advantages", lambda *a, **k: scale * np.asarray(real(*a, **k)))
+    monkeypatch.setattr(credit, "row_advantages", lambda *a, **k: scale * np.asarray(real(*a, **k)))
     return request.param
 
 

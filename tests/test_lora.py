@@ -16,14 +16,14 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_logits, torch_qwen2
 
-from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained, save_pretrained
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, adapted_layers, add_lora, merged, projections
 from roleagent_jax.models.peft_io import save_adapter
-from roleagent_jax.optimizer import TrainState, make_optimizer
-from roleagent_jax.ppo import pack_rows
-from roleagent_jax.sharding import make_mesh, param_shardings
-from roleagent_jax.train_step import make_train_step
+from roleagent_jax.parallel.sharding import make_mesh, param_shardings
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.optimizer import TrainState, make_optimizer
+from roleagent_jax.rl.ppo import pack_rows
+from roleagent_jax.rl.train_step import make_train_step
 
 VOCAB = 128
 
@@ -209,7 +209,7 @@ def test_no_backward_pass_below_the_lowest_adapted_layer(scan):
     """The step's backward matmuls (its program's matmuls minus the forward's) grow by one block's worth
     per adapted layer and are the head's input gradient plus the adapted blocks' only: nothing runs
     backward through the frozen blocks below."""
-    from roleagent_jax.logprobs import model_logprobs
+    from roleagent_jax.rl.logprobs import model_logprobs
 
     batch = fixed_batch()
     batch["old_logprobs"] = batch["ref_logprobs"] = jnp.zeros(batch["loss_mask"].shape)
@@ -274,15 +274,15 @@ def test_bad_lora_config_names_the_key_and_value():
 def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
     from test_plan import OPT, load_config, tiny
 
-    from roleagent_jax import plan
+    from roleagent_jax.planner import memory, workload
 
     cfg = tiny(param_dtype="bfloat16")
     work = dataclasses.replace(
-        plan.Workload.from_config(load_config("alfworld")), optimizer=OPT, lora_rank=8, kl=True
+        workload.Workload.from_config(load_config("alfworld")), optimizer=OPT, lora_rank=8, kl=True
     )
     sizes = {"data": 1, "fsdp": 1, "tensor": 1}
-    lora = plan.make_plan(cfg, "tiny", sizes, work, 32)
-    full = plan.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_rank=0), 32)
+    lora = memory.make_plan(cfg, "tiny", sizes, work, 32)
+    full = memory.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_rank=0), 32)
     model = add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=8), nnx.Rngs(1))
     _, adapters, base = nnx.split(model, LoRAParam, ...)
     real_opt = make_optimizer(**OPT).init(adapters)
@@ -294,7 +294,7 @@ def test_plan_counts_the_adapters_their_optimizer_state_and_no_reference_copy():
     assert rows["sampling copy (LoRA)"][0] == nbytes(kernels)  # every projection has an adapter
     assert lora.phases["persistent"] < full.phases["persistent"] / 2
     # Adapters on the top layer only: its adapters' optimizer state, one layer's activations.
-    top = plan.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_layers=1), 32)
+    top = memory.make_plan(cfg, "tiny", sizes, dataclasses.replace(work, lora_layers=1), 32)
     one = add_lora(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), LoRAConfig(rank=8, layers=1), nnx.Rngs(1))
     top_rows = {name: (g, dev) for name, g, dev, _ in top.rows}
     assert top_rows["optimizer state"][0] == nbytes(make_optimizer(**OPT).init(nnx.state(one, LoRAParam)))
@@ -313,10 +313,10 @@ def test_docs_lora_plan_is_current():
     --chip=v4 --lora-rank=16"""
     from test_plan import REPO, load_config
 
-    from roleagent_jax import plan
+    from roleagent_jax.planner import advice, cli
 
     config = load_config("alfworld")
-    table = plan.format_table(
-        plan.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", "v4", lora_rank=16)
+    table = cli.format_table(
+        advice.plan_from_config(config, "7b", "data:1,fsdp:8,tensor:1", "v4", lora_rank=16)
     )
     assert table in (REPO / "docs" / "scaling.md").read_text()

@@ -38,7 +38,7 @@ def test_lora_run_exports_a_merged_model_and_a_peft_adapter(tmp_path):
     from qwen2_tiny import left_padded_batch, max_diff_on_real, torch_logits
     from transformers import AutoModelForCausalLM
 
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(lora_config(tmp_path / "run", 1))
     try:

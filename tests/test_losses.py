@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from roleagent_jax.losses import LossConfig, policy_loss, reduce_metrics
+from roleagent_jax.rl.losses import LossConfig, policy_loss, reduce_metrics
 
 CLIP, DUAL, KL_COEF, ENT_COEF = 0.2, 3.0, 0.05, 0.01
 

@@ -23,7 +23,7 @@ def checkpoint(tmp_path_factory) -> Path:
     from qwen2_tiny import one_layer_fields
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from roleagent_jax.tokenizer import train_bpe_tokenizer
+    from roleagent_jax.models.tokenizer import train_bpe_tokenizer
 
     directory = tmp_path_factory.mktemp("model")
     tok = train_bpe_tokenizer(TEXTS * 8, 300, directory)
@@ -35,7 +35,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def _policy(checkpoint: Path, max_rows: int | None, monkeypatch, calls: list[int]):
     from roleagent_jax.envs import get_family
-    from roleagent_jax.policy import ModelPolicy
+    from roleagent_jax.evaluation.policy import ModelPolicy
     from roleagent_jax.sampling.sampler import Sampler
 
     settings = {"history_k": 1, "max_prompt_tokens": 64, "max_response_tokens": 6}

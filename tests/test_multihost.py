@@ -2,7 +2,7 @@
 
 Each process is a fresh interpreter (its own device count, `jax.distributed.initialize` with a free port);
 they share one global mesh. The reference is the same program in one process over the same number of
-devices. Also covers the host-side helpers of roleagent_jax.distributed without any process group.
+devices. Also covers the host-side helpers of roleagent_jax.parallel.distributed without any process group.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roleagent_jax import distributed
+from roleagent_jax.parallel import distributed
 
 WORKER = Path(__file__).resolve().parent / "multihost_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def _check_group(tmp: Path, extra: list[str], atol: float) -> None:
 def test_two_processes_train_step_identical_params(tmp_path):
     """The project's PPO train step (AdamW, 2 micro-batches, KL) on a 2-process fsdp mesh: processes
     agree bit for bit, and with one process up to summation order."""
-    pytest.importorskip("roleagent_jax.train_step", reason="the RL train step is not in the tree")
+    pytest.importorskip("roleagent_jax.rl.train_step", reason="the RL train step is not in the tree")
     _check_group(tmp_path, ["--step-fn", "train_step", "--mesh", "1,4,1"], atol=1e-6)
 
 
@@ -159,7 +159,7 @@ def test_single_process_helpers_are_identity():
 
 
 def test_global_batch_shards_rows_and_checks_divisibility():
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     mesh = make_mesh(2, 4, 1)
     x = np.arange(16 * 3).reshape(16, 3)

@@ -9,11 +9,11 @@ import pytest
 from flax import nnx
 from qwen2_tiny import tiny_config
 
-from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.models import Qwen2ForCausalLM
-from roleagent_jax.optimizer import TrainState
-from roleagent_jax.ppo import pack_rows, pack_segments, padded_share, ppo_epochs
-from roleagent_jax.train_step import make_train_step
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.optimizer import TrainState
+from roleagent_jax.rl.ppo import pack_rows, pack_segments, padded_share, ppo_epochs
+from roleagent_jax.rl.train_step import make_train_step
 
 VOCAB, PAD = 128, 0
 

@@ -37,7 +37,7 @@ def write_tiny_checkpoint(directory: Path) -> None:
     from qwen2_tiny import one_layer_fields
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from roleagent_jax.tokenizer import train_bpe_tokenizer
+    from roleagent_jax.models.tokenizer import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(TEXTS * 4, 320, directory)
     torch.manual_seed(0)
@@ -81,8 +81,8 @@ def miniature(workdir: Path, model_dir: Path, data: Path, iterations: int):
 
 def run(config, roles: list[str]):
     """Trainer.run() with every sampler request's role recorded; the final params (host copies)."""
+    from roleagent_jax.run.trainer import Trainer
     from roleagent_jax.sampling import Sampler
-    from roleagent_jax.trainer import Trainer
 
     original = Sampler.generate
 
@@ -188,7 +188,7 @@ def test_ablation_presets():
 
 
 def test_predictor_rows_take_the_advantage_of_their_action():
-    from roleagent_jax.rollout import Row
+    from roleagent_jax.run.rollout import Row
     from roleagent_jax.sampling import SampleResult
     from roleagent_jax.wia import with_predictor_rows
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from ml_collections import ConfigDict
 
-from roleagent_jax.report import binomial_se, curve_series, difference_se, paired_difference, write_report
+from roleagent_jax.run.report import binomial_se, curve_series, difference_se, paired_difference, write_report
 
 
 def test_binomial_standard_error_matches_the_formula():
@@ -95,7 +95,7 @@ def test_the_learning_curve_reads_the_same_games_before_and_after_rl(tmp_path):
 
 
 def test_the_report_plots_where_the_signal_goes_and_the_entropy(tmp_path):
-    from roleagent_jax.report import signal_series
+    from roleagent_jax.run.report import signal_series
 
     history = [
         {"step": 1, "train/uniform_groups": 0.5, "train/zero_step_groups": 0.25, "update/clip_frac_low": 0.01,

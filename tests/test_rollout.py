@@ -8,9 +8,9 @@ import pytest
 from roleagent_jax import wia
 from roleagent_jax.config import CONFIG
 from roleagent_jax.envs import EnvPool, get_family
-from roleagent_jax.rollout import RolloutSettings, collect
+from roleagent_jax.models.tokenizer import PromptEncoder, train_bpe_tokenizer
+from roleagent_jax.run.rollout import RolloutSettings, collect
 from roleagent_jax.sampling import SampleRequest, SampleResult
-from roleagent_jax.tokenizer import PromptEncoder, train_bpe_tokenizer
 from roleagent_jax.wia import wia_multipliers
 from roleagent_jax.wia.predictor import Predictor
 
@@ -231,7 +231,7 @@ def test_predictor_prompt_gets_history_k_pairs(setup, monkeypatch):
 def test_merged_shares_join_lists_add_counts_and_keep_the_slowest_time():
     """The processes' shares of one rollout become one result: what each played, in process order; counts
     add up; times overlapped, so the slowest process's is the iteration's."""
-    from roleagent_jax.rollout import RolloutResult
+    from roleagent_jax.run.rollout import RolloutResult
 
     a = RolloutResult(["t0"], ["r0"], {0: {0: ["x"]}}, {"sampler_calls": 3, "time_env": 2.0}, ["s0"])
     b = RolloutResult(["t1", "t2"], ["r1"], {1: {}}, {"sampler_calls": 3, "time_env": 5.0}, [])

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
-from roleagent_jax.logprobs import token_logprobs
 from roleagent_jax.models import load_pretrained
+from roleagent_jax.rl.logprobs import token_logprobs
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling import stops as stops_lib
 
@@ -215,7 +215,7 @@ def test_eos_stops_a_row_and_is_kept_in_ids_not_text(setup, greedy_run):
 
 
 def test_sharded_mesh_gives_the_same_greedy_tokens(setup, greedy_run):
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     model, cfg = load_pretrained(setup["path"], mesh=mesh)

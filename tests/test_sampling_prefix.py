@@ -14,7 +14,6 @@ import pytest
 from flax import nnx
 from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
 
-from roleagent_jax.logprobs import token_logprobs
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.models.qwen2 import (
     attention_partials,
@@ -22,6 +21,7 @@ from roleagent_jax.models.qwen2 import (
     merge_attention,
     prefix_attention_partials,
 )
+from roleagent_jax.rl.logprobs import token_logprobs
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling.prefix import chunk_by_group, plan_layout
 
@@ -126,7 +126,7 @@ def test_shared_prefix_greedy_equals_plain_path(setup):
 
 
 def test_shared_prefix_on_the_8_device_mesh_with_scanned_layers(setup):
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     tok = setup["tok"]
     mesh = make_mesh(data=2, fsdp=2, tensor=2)

@@ -51,7 +51,7 @@ def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
     c.env.search_qa.kb_people = 40
     c.env.search_qa.kb_works = 40
     c.warmstart.n_games = 6
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(c)
     try:
@@ -68,15 +68,15 @@ def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
 
 
 def test_base_config_exposes_the_family_options():
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     assert load("base").env.search_qa.to_dict() == dict(get_family("search_qa").gen_options)
 
 
 def test_real_sets_get_the_retriever_from_the_config(tmp_path):
     """The trainer hands env.search_qa to real splits too: the paper config's data sets find their corpus."""
-    from roleagent_jax.envs.base import get_family
-    from roleagent_jax.run_setup import make_task_pool
+    from roleagent_jax.envs.registry import get_family
+    from roleagent_jax.run.setup import make_task_pool
 
     (tmp_path / "nq").mkdir()
     (tmp_path / "nq" / "train.jsonl").write_text(

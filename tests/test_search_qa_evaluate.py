@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from roleagent_jax.evaluate import main
+from roleagent_jax.evaluation.cli import main
 
 
 def _run(capsys, *argv):

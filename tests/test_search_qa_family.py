@@ -6,7 +6,8 @@ import pickle
 
 import pytest
 
-from roleagent_jax.envs.base import Observation, Task, TaskPool, get_family, registered
+from roleagent_jax.envs.base import Observation, Task, TaskPool
+from roleagent_jax.envs.registry import get_family, registered
 from roleagent_jax.envs.search_qa import load_corpus, load_flashrag
 from roleagent_jax.envs.search_qa.family import SearchQA
 from roleagent_jax.envs.search_qa.questions import KINDS

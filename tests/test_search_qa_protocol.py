@@ -6,7 +6,8 @@ import json
 import pytest
 import test_search_qa_retrievers
 
-from roleagent_jax.envs.base import Task, get_family
+from roleagent_jax.envs.base import Task
+from roleagent_jax.envs.registry import get_family
 from roleagent_jax.envs.search_qa import BM25Retriever, HTTPRetriever, Passage, SearchQAEnv
 from roleagent_jax.envs.search_qa.tasks import QATask
 

@@ -11,8 +11,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from qwen2_tiny import forward, left_padded_batch, max_diff_on_real, tiny_config, torch_qwen2
 
-from roleagent_jax import sharding
 from roleagent_jax.models import KVCache, Qwen2ForCausalLM, init_cache, load_pretrained
+from roleagent_jax.models.qwen2 import cache_sharding
+from roleagent_jax.parallel import sharding
 
 needs_8 = pytest.mark.skipif(
     jax.device_count() < 8, reason="needs 8 (fake) devices: run under tests/conftest.py"
@@ -82,10 +83,10 @@ def test_sharded_forward_equals_single_device(tmp_path, scan_layers):
 
     # The KV-cache step runs with the cache on its sharding and keeps it there.
     cfg = sharded.config
-    cache = jax.device_put(init_cache(cfg, 8, 12), sharding.cache_sharding(mesh, cfg))
+    cache = jax.device_put(init_cache(cfg, 8, 12), cache_sharding(mesh, cfg))
     step = jax.jit(
         lambda p, t, pos, c, w, m: nnx.merge(graphdef, p).decode(t, pos, c, w, m),
-        out_shardings=(None, sharding.cache_sharding(mesh, cfg)),
+        out_shardings=(None, cache_sharding(mesh, cfg)),
         donate_argnums=(3,),
     )
     kv_mask = np.zeros((8, 12), bool)
@@ -109,10 +110,10 @@ def test_shard_model_and_batch_sharding():
     assert model.embed.embedding[...].sharding.spec == P("tensor", "fsdp")
     assert sharding.batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
     assert sharding.BATCH_SPEC == P(("data", "fsdp"))
-    assert sharding.cache_sharding(mesh, cfg).k[0].spec == P(("data", "fsdp"), "tensor", None, None)
+    assert cache_sharding(mesh, cfg).k[0].spec == P(("data", "fsdp"), "tensor", None, None)
     odd = cfg.replace(num_key_value_heads=1)
-    assert sharding.cache_sharding(mesh, odd).k[0].spec == P(("data", "fsdp"), None, None, None)
-    scanned = sharding.cache_sharding(mesh, cfg.replace(scan_layers=True)).k
+    assert cache_sharding(mesh, odd).k[0].spec == P(("data", "fsdp"), None, None, None)
+    scanned = cache_sharding(mesh, cfg.replace(scan_layers=True)).k
     assert isinstance(scanned, NamedSharding) and scanned.spec == P(
         None, ("data", "fsdp"), "tensor", None, None
     )

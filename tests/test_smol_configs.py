@@ -10,7 +10,7 @@ from conftest import load_config as load
 
 from roleagent_jax.config import validate
 from roleagent_jax.models import smollm2
-from roleagent_jax.tokenizer import chat_prompt, load_tokenizer
+from roleagent_jax.models.tokenizer import chat_prompt, load_tokenizer
 
 pytestmark = pytest.mark.skipif(
     smollm2.cached() is None,

@@ -15,8 +15,8 @@ from roleagent_jax.envs.alfworld import prompts as alfworld_prompts
 from roleagent_jax.envs.search_qa import prompts as search_qa_prompts
 from roleagent_jax.envs.webshop import prompts as webshop_prompts
 from roleagent_jax.models import load_pretrained, smollm2
+from roleagent_jax.models.tokenizer import chat_prompt, eos_ids
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-from roleagent_jax.tokenizer import chat_prompt, eos_ids
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,13 @@
 
 import pytest
 
-from roleagent_jax.tokenizer import PromptEncoder, chat_prompt, eos_ids, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.models.tokenizer import (
+    PromptEncoder,
+    chat_prompt,
+    eos_ids,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
 
 TEXTS = [
     "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a knife 2.",

@@ -8,12 +8,12 @@ import pytest
 from flax import nnx
 from qwen2_tiny import tiny_config
 
-from roleagent_jax.logprobs import make_logprob_fn, target_index, token_logprobs
 from roleagent_jax.models import Qwen2ForCausalLM
-from roleagent_jax.optimizer import TrainState, make_optimizer
-from roleagent_jax.ppo import pack_rows
-from roleagent_jax.sharding import make_mesh
-from roleagent_jax.train_step import make_train_step
+from roleagent_jax.parallel.sharding import make_mesh
+from roleagent_jax.rl.logprobs import make_logprob_fn, target_index, token_logprobs
+from roleagent_jax.rl.optimizer import TrainState, make_optimizer
+from roleagent_jax.rl.ppo import pack_rows
+from roleagent_jax.rl.train_step import make_train_step
 
 VOCAB, PAD = 128, 0
 

@@ -28,7 +28,7 @@ def tiny_config(workdir: Path, iterations: int):
 
 
 def run_trainer(config):
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(config)
     try:
@@ -51,7 +51,7 @@ def assert_same_params(a, b):
 def test_warmstart_plays_its_own_games_when_asked(tmp_path):
     """own_games: the expert's games come from their own seed, none of them is an RL game."""
     from roleagent_jax.envs import get_family
-    from roleagent_jax.run_setup import Experts, make_task_pool
+    from roleagent_jax.run.setup import Experts, make_task_pool
 
     c = tiny_config(tmp_path, 0)
     c.env.gen.n_train, c.warmstart.n_games = 3, 2
@@ -73,8 +73,8 @@ def test_warmstart_plays_its_own_games_when_asked(tmp_path):
 def test_each_setup_phase_and_evaluation_prints_a_progress_line(tmp_path, capsys):
     """Game generation, expert play, the tokenizer and evaluations each say what they are doing, and
     nothing when log.progress is off."""
-    from roleagent_jax.run_setup import say
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.setup import say
+    from roleagent_jax.run.trainer import Trainer
 
     c = tiny_config(tmp_path / "run", 0)
     c.log.progress = True
@@ -117,7 +117,7 @@ def test_two_plus_two_iterations_equal_four(tmp_path):
 @pytest.mark.slow
 def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monkeypatch):
     """Resuming a finished run reports its stored evaluation; extending it evaluates the new model."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     evaluated_at = []
 
@@ -148,8 +148,8 @@ def test_a_finished_run_given_more_iterations_is_evaluated_again(tmp_path, monke
 def test_sampler_logprobs_serve_as_old_logprobs(tmp_path):
     """old_logprobs='sampler': the update's old log-probs are the rollout's, token for token what a
     forward pass with the pre-update params gives, and that pass is skipped (only the KL reference runs)."""
-    from roleagent_jax.logprobs import MODEL_KEYS
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.rl.logprobs import MODEL_KEYS
+    from roleagent_jax.run.trainer import Trainer
 
     c = tiny_config(tmp_path, 1)
     c.train.old_logprobs = "sampler"
@@ -303,7 +303,7 @@ def test_killed_run_resumes_exactly(tmp_path):
 def test_anchor_similarity_config_merges_near_identical_step_groups():
     """advantage.anchor_similarity=1 keys step groups by exact anchors; below 1 near-identical anchors
     of one task group share a key (the reference's optional similarity clustering)."""
-    from roleagent_jax.advantages import anchor_keys, hash_anchor
+    from roleagent_jax.rl.advantages import anchor_keys, hash_anchor
     from roleagent_jax.types import Row
 
     texts = ["You arrive at drawer 1.", "You arrive at drawer 1!", "You arrive at drawer 1.", "x"]
@@ -316,10 +316,10 @@ def test_anchor_similarity_config_merges_near_identical_step_groups():
 def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
     """With no room settings given, a training run and `python -m roleagent_jax.evaluate` make the same
     games from the same seed: both take the family's own defaults."""
-    from roleagent_jax import evaluate
     from roleagent_jax.config import family_options
     from roleagent_jax.envs import get_family
-    from roleagent_jax.run_setup import make_task_pool
+    from roleagent_jax.evaluation import cli
+    from roleagent_jax.run.setup import make_task_pool
 
     c = load_config("base")
     c.env.gen.n_train, c.log.progress = 3, False
@@ -327,7 +327,7 @@ def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
     pool = make_task_pool(
         c, family.configured(family_options(c, family)), "gen_seen", tmp_path / "run", "train"
     )
-    evaluate.main(["--split=gen_seen", "--gen-n=3", "--gen-seed=0", f"--gen-dir={tmp_path / 'eval'}",
+    cli.main(["--split=gen_seen", "--gen-n=3", "--gen-seed=0", f"--gen-dir={tmp_path / 'eval'}",
                    "--num-workers=1", "--limit=1", "--quiet"])  # fmt: skip
 
     def games(folder: Path) -> dict[str, bytes]:  # every file the generator wrote, by relative path
@@ -341,7 +341,7 @@ def test_trainer_and_evaluate_generate_the_same_games_by_default(tmp_path):
 def test_a_start_refused_while_building_leaves_no_workdir(tmp_path):
     """A split that cannot be built (a real QA set without a retriever) stops a new run before the warm
     start, and the workdir it had begun is gone: the next try starts clean."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     c = shrunk(load_config("search_qa_demo"), tmp_path / "run")
     c.env.gen.n_train, c.env.eval_splits = 4, ("nq",)
@@ -355,7 +355,7 @@ def test_levers_run_and_the_selection_state_survives_a_resume(tmp_path):
     """Learnability selection, dropped flat groups and an upper clip of its own, in the loop: 2 + 2
     iterations equal 4 (the selection's counts come back from the checkpoint), and each iteration logs
     its signal shares."""
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     def config(name, iterations):
         c = tiny_config(tmp_path / name, iterations)

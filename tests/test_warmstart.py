@@ -8,7 +8,7 @@ import pytest
 
 from roleagent_jax.envs import EnvPool, TaskPool, get_family
 from roleagent_jax.envs.alfworld.engine import AlfWorldEnv
-from roleagent_jax.warmstart import (
+from roleagent_jax.run.warmstart import (
     examples_from_episodes,
     expert_episodes,
     length_grouped_batches,
@@ -114,7 +114,7 @@ def test_predictor_targets_are_cut_to_the_tokens_rl_lets_a_prediction_have():
     from qwen2_tiny import char_ids as encode
     from qwen2_tiny import tiny_sft_model
 
-    from roleagent_jax.warmstart import Example, run_sft
+    from roleagent_jax.run.warmstart import Example, run_sft
 
     graphdef, params = tiny_sft_model()
 
@@ -143,7 +143,7 @@ def test_predictor_targets_are_cut_to_the_tokens_rl_lets_a_prediction_have():
 
 
 def test_copy_batches_repeat_a_random_run_and_depend_only_on_seed_and_index():
-    from roleagent_jax.warmstart import copy_batches
+    from roleagent_jax.run.warmstart import copy_batches
 
     tokens = list(range(10, 60))
     first = [next(b) for b in [copy_batches(tokens, 4, seed=3)] for _ in range(3)]
@@ -163,8 +163,8 @@ def test_copy_steps_come_first_and_a_killed_warm_start_resumes_through_them(tmp_
     from qwen2_tiny import Killed, kill_after, tiny_sft_model
     from qwen2_tiny import char_ids as encode
 
-    from roleagent_jax.checkpointing import Checkpointer
-    from roleagent_jax.warmstart import Example, run_sft
+    from roleagent_jax.run.checkpointing import Checkpointer
+    from roleagent_jax.run.warmstart import Example, run_sft
 
     graphdef, params = tiny_sft_model(max_positions=128)
     examples = [Example(f"go to room {i}", f"take key {i % 5}", "agent") for i in range(8)]
@@ -214,7 +214,7 @@ def test_a_constant_warm_start_takes_the_steps_of_torch_adamw_on_the_same_rows(t
     from qwen2_tiny import torch_qwen2
 
     from roleagent_jax.models import load_pretrained
-    from roleagent_jax.warmstart import Example, run_sft
+    from roleagent_jax.run.warmstart import Example, run_sft
 
     reference = torch_qwen2(tie=True, kv_heads=2).train()
     reference.save_pretrained(tmp_path)
@@ -248,7 +248,7 @@ def test_a_constant_warm_start_takes_the_steps_of_torch_adamw_on_the_same_rows(t
 def _examples_as_before(trajs, family, history_k, horizon, predictor, predictor_fraction=1.0):
     """`examples_from_episodes` as it was before long episodes could be repeated (the reference)."""
     from roleagent_jax import wia
-    from roleagent_jax.warmstart import Example
+    from roleagent_jax.run.warmstart import Example
 
     out, kept = [], 0.0
     for traj in trajs:
@@ -297,7 +297,7 @@ def test_with_repeat_1_the_examples_are_those_of_before(pool, qa_episodes):
 def test_the_examples_of_episodes_longer_than_the_median_come_3_times(qa_episodes):
     from collections import Counter
 
-    from roleagent_jax.warmstart import episode_examples, longer_than_median
+    from roleagent_jax.run.warmstart import episode_examples, longer_than_median
 
     pool, trajs = qa_episodes
     won = [t for t in trajs if t.won]
@@ -331,7 +331,7 @@ def test_the_examples_of_episodes_longer_than_the_median_come_3_times(qa_episode
 def test_the_warm_start_says_how_many_examples_the_long_episodes_give(qa_episodes, tmp_path, capsys):
     from conftest import load_config
 
-    from roleagent_jax.run_setup import Experts
+    from roleagent_jax.run.setup import Experts
 
     pool, trajs = qa_episodes
     c = load_config("base")
@@ -346,7 +346,7 @@ def test_the_warm_start_says_how_many_examples_the_long_episodes_give(qa_episode
             trajs, SEARCH_QA, c.env.history_k, c.wia.horizon, c.warmstart.predictor,
             c.warmstart.predictor_fraction, long_repeat=repeat,
         )  # fmt: skip
-    from roleagent_jax.warmstart import longer_than_median
+    from roleagent_jax.run.warmstart import longer_than_median
 
     won, median = sum(t.won for t in trajs), longer_than_median(trajs)[1]
     line = [s for s in printed.splitlines() if "longer than the median" in s]

@@ -179,7 +179,7 @@ def test_generated_shop_is_in_the_same_format(tmp_path):
 
 
 def test_real_split_of_the_tiny_shop_through_the_family(tmp_path):
-    from roleagent_jax.envs.base import get_family
+    from roleagent_jax.envs.registry import get_family
 
     fam = get_family("webshop")
     human = {"protocol": "webshop"}  # the tiny shop has human instructions only

@@ -19,7 +19,7 @@ def shrunk_demo(workdir: Path):
 
 
 def test_webshop_demo_trains_through_the_trainer(tmp_path):
-    from roleagent_jax.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer
 
     trainer = Trainer(shrunk_demo(tmp_path / "run"))
     try:

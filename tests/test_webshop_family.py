@@ -2,7 +2,8 @@
 
 import pytest
 
-from roleagent_jax.envs.base import Family, Task, get_family, registered
+from roleagent_jax.envs.base import Family, Task
+from roleagent_jax.envs.registry import get_family, registered
 from roleagent_jax.envs.webshop.heuristic import RULE_ORDER, analyse
 from roleagent_jax.envs.webshop.prompts import build_agent_prompt, parse_action
 from roleagent_jax.envs.webshop.taxonomy import FAILURE_TYPES
@@ -253,14 +254,14 @@ def test_family_analyse_failure(fam):
 
 
 def test_evaluate_cli_prints_success_and_score(tmp_path, capsys):
-    from roleagent_jax import evaluate
+    from roleagent_jax.evaluation import cli
 
     common = ["--env=webshop", "--split=gen_test", "--gen-n=10", f"--gen-dir={tmp_path}", "--max-steps=15"]
     common += ["--n-products=100", "--num-workers=1"]
-    expert = evaluate.main([*common, "--policy=expert"])
+    expert = cli.main([*common, "--policy=expert"])
     out = capsys.readouterr().out.strip().splitlines()
     assert "score 100.0%" in out[-2] and out[-1].startswith("{")
     assert expert["n"] == 10 and expert["success"] == 1.0 and expert["score"] == 1.0
     assert set(expert["per_type_score"]) == set(expert["per_type"])
-    rand = evaluate.main([*common, "--policy=random", "--quiet"])
+    rand = cli.main([*common, "--policy=random", "--quiet"])
     assert rand["success"] < 0.05 and rand["score"] < 0.5

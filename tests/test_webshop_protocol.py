@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from roleagent_jax.envs.base import get_family
+from roleagent_jax.envs.registry import get_family
 from roleagent_jax.envs.webshop.catalog import ATTRIBUTES_FILE, PRODUCTS_FILE, Catalogue
 from roleagent_jax.envs.webshop.generate import generate
 from roleagent_jax.envs.webshop.search import SearchIndex

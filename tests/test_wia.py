@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from roleagent_jax import wia
-from roleagent_jax.advantages import gigpo_advantages
 from roleagent_jax.envs import PredictorFraming, get_family
+from roleagent_jax.envs.predictor_prompt import build_predictor_prompt
+from roleagent_jax.rl.advantages import gigpo_advantages
 
 ALFWORLD = get_family("alfworld")
 
@@ -100,14 +101,14 @@ def test_predictor_prompt_and_format_roundtrip():
     assert "<obs2>" in p and wia.PREDICT_STOP in p
     assert len(p) < 1200  # must fit a tiny model's context
     framing = PredictorFraming()
-    long = wia.build_predictor_prompt(
+    long = build_predictor_prompt(
         "g", [("x" * 5000, "y")], "z" * 5000, "a", 1, framing=framing, obs_chars=100
     )
     assert len(long) < 600
     target = wia.format_predictions(["You pick up the apple 1.", "You arrive at sinkbasin 1."])
     assert wia.parse_predictions(target, 2) == ["You pick up the apple 1.", "You arrive at sinkbasin 1."]
     with pytest.raises(ValueError):
-        wia.build_predictor_prompt("g", [], "o", "a", 0, framing=framing)
+        build_predictor_prompt("g", [], "o", "a", 0, framing=framing)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from roleagent_jax.aiw.loop import (
     choice_request,
     format_round,
     policy_round,
+    record_round,
 )
 from roleagent_jax.aiw.memory import FailureMemory, trajectory_digest
 from roleagent_jax.aiw.report_parser import ANALYSIS_STOP, build_analysis_prompt, parse_failure_report
@@ -33,7 +34,7 @@ from roleagent_jax.types import UNKNOWN, FailureReport
 __all__ = [
     "ANALYSIS_STOP", "UNKNOWN", "AIWState", "FailureMemory", "FailureReport", "TaskIndex", "TaskSampler",
     "aiw_round", "analyse_failures", "analysis_request", "apply_cap", "build_analysis_prompt",
-    "build_choice_prompt", "choice_request", "format_round", "policy_round", "normalize_failure_type", "parse_choice", "parse_failure_report",
+    "build_choice_prompt", "choice_request", "format_round", "policy_round", "record_round", "normalize_failure_type", "parse_choice", "parse_failure_report",
     "plot_aiw_history", "retrieve", "retrieve_many", "retrieve_with_sources", "taxonomy", "trajectory_digest",
 ]  # fmt: skip
 

@@ -210,6 +210,13 @@ def aiw_round(
     return metrics
 
 
+def record_round(sampler: TaskSampler, played: Sequence[Trajectory], task_types: Sequence[str]) -> dict:
+    """A round without AIW: the outcomes still feed the sampler's per-task counts (`aiw.selection`), and
+    the task types' shares are reported as an AIW round reports them."""
+    sampler.record_episodes(played)
+    return {f"aiw/share/{t}": p for t, p in sampler.type_shares(task_types).items()}
+
+
 def policy_round(
     state: AIWState,
     played: Sequence[Trajectory],

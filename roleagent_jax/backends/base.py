@@ -40,6 +40,20 @@ class RolloutBackend(Protocol):
 BACKENDS: dict[str, str] = {"jax": "roleagent_jax.backends.jax:JaxBackend"}
 
 
+def folded_calls(backend: RolloutBackend, sampling: SamplingParams, key: jax.Array):
+    """`backend.generate` as one callable of the requests, each call with its own fold of `key` (the
+    n-th call's key is ``fold_in(key, n)``, so one phase's samples do not depend on another's calls)."""
+    import jax  # at call time: the config reads the registry without loading JAX
+
+    calls = [0]
+
+    def generate(requests: Sequence[SampleRequest]) -> list[SampleResult]:
+        calls[0] += 1
+        return backend.generate(requests, sampling, jax.random.fold_in(key, calls[0]))
+
+    return generate
+
+
 def make_backend(name: str, graphdef, model_config, tokenizer, mesh=None, **options: Any) -> RolloutBackend:
     """The backend registered under `name` (`BACKENDS`), built for this model and tokenizer."""
     if name not in BACKENDS:

@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 
 from roleagent_jax.config.keys import ALGO_PRESETS, CONFIG, RENAMED
 from roleagent_jax.config.schema import FamilyOptions, lookup
-from roleagent_jax.envs.base import get_family, registered
+from roleagent_jax.envs.registry import get_family, registered
 
 # Paths a user may write as ~/...: the shell does not expand ~ after --flag=.
 PATH_KEYS = ("workdir", "model.path", "tokenizer.path", "env.data_dir", "env.gen.dir")
@@ -176,7 +176,7 @@ def _mesh_errors(config: ConfigDict) -> list[str]:
     ]
     if errors:
         return errors
-    from roleagent_jax.sharding import make_mesh
+    from roleagent_jax.parallel.sharding import make_mesh
 
     try:
         make_mesh(**sizes)
@@ -202,7 +202,7 @@ def _model_errors(config: ConfigDict) -> list[str]:
     tokenizer_key = "tokenizer.path" if config.tokenizer.path else "model.path"
     tokenizer_dir = config.tokenizer.path or config.model.path
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        from roleagent_jax.tokenizer import check_tokenizer_dir
+        from roleagent_jax.models.tokenizer import check_tokenizer_dir
 
         try:
             check_tokenizer_dir(tokenizer_dir)

@@ -12,7 +12,8 @@ from typing import Any
 from absl import flags
 from ml_collections import ConfigDict, config_flags
 
-from roleagent_jax.envs.base import Family, get_family, registered
+from roleagent_jax.envs.base import Family
+from roleagent_jax.envs.registry import get_family, registered
 
 
 @dataclass(frozen=True)

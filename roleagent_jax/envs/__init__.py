@@ -11,15 +11,12 @@ from roleagent_jax.envs.base import (
     History,
     Observation,
     PoolRequest,
-    PredictorFraming,
     Task,
     TaskPool,
-    get_family,
-    register,
-    registered,
-    unregister,
 )
 from roleagent_jax.envs.pool import EnvPool
+from roleagent_jax.envs.predictor_prompt import PredictorFraming
+from roleagent_jax.envs.registry import get_family, register, registered, unregister
 
 __all__ = [
     "Admissible",

@@ -2,7 +2,7 @@
 
 Generic code (rollout, evaluation, warm start, trainer, WIA, AIW) talks to a family only through the
 names in this module, so adding a family is one package under `roleagent_jax/envs/<family>/` plus one
-`register(...)` call. The pieces:
+`registry.register(...)` call. The pieces:
 
 - `Task`: one playable task (an id, its type, the goal sentence, a family payload, a known plan).
 - `Observation`: what one `reset` or `step` returns (text, GiGPO anchor, admissible actions, reward,
@@ -16,7 +16,8 @@ names in this module, so adding a family is one package under `roleagent_jax/env
   its task pools, the agent's prompt and action parser, its own rates of what evaluated episodes did,
   the WIA predictor framing and the AIW pieces (failure taxonomy, heuristic analyser, goal abstraction
   for retrieval).
-- The registry: `register`, `registered`, `get_family`.
+- The registry (`envs/registry.py`): `register`, `registered`, `get_family`; the WIA predictor's
+  framing and question (`envs/predictor_prompt.py`).
 
 This module imports nothing heavy (no JAX, no engine): workers and tests import it freely.
 """
@@ -24,7 +25,6 @@ This module imports nothing heavy (no JAX, no engine): workers and tests import 
 from __future__ import annotations
 
 import copy
-import importlib
 import random
 import re
 from collections import Counter
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from roleagent_jax.envs.predictor_prompt import PredictorFraming, build_predictor_prompt
 from roleagent_jax.envs.text import MAX_ACTION_CHARS
 from roleagent_jax.types import FailureReport, Trajectory
 
@@ -176,20 +177,6 @@ class PoolRequest:
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
     on_corrupt: str = "fail"
-
-
-@dataclass(frozen=True)
-class PredictorFraming:
-    """The family's words in WIA's predictor prompt (the rest of that prompt is generic).
-
-    intro    the first line, casting the model as the world ("Act as the game engine. ...").
-    reply    what one predicted observation is called, with its article ("the game's reply").
-    replies  the plural, after a number ("game replies", as in "the next 2 game replies").
-    """
-
-    intro: str = "Act as the environment. Predict what it shows next."
-    reply: str = "the environment's reply"
-    replies: str = "environment replies"
 
 
 # ------------------------------------------------------------------------------------------ family
@@ -424,9 +411,7 @@ class Family:
     ) -> str:
         """WIA's separate-mode prompt for one step: the model predicts the next `horizon` observations
         after `action`. Default: WIA's generic prompt in this family's `predictor_framing`."""
-        from roleagent_jax import wia
-
-        return wia.build_predictor_prompt(
+        return build_predictor_prompt(
             goal, history, observation, action, horizon, framing=self.predictor_framing
         )
 
@@ -460,49 +445,3 @@ class Family:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
-
-
-# ------------------------------------------------------------------------------------------ registry
-
-# Built-in families are imported on first lookup, so importing `roleagent_jax.envs` loads no engine.
-_BUILTIN: dict[str, str] = {
-    "alfworld": "roleagent_jax.envs.alfworld.family:AlfWorld",
-    "webshop": "roleagent_jax.envs.webshop.family:WebShop",
-    "search_qa": "roleagent_jax.envs.search_qa.family:SearchQA",
-}
-_REGISTRY: dict[str, Family] = {}
-
-
-def register(family: Family, *, replace: bool = False) -> Family:
-    """Make `family` selectable as `config.env.name = family.name`; returns it.
-
-    Registering a second family under a taken name raises ValueError unless `replace=True`."""
-    if not isinstance(family, Family):
-        raise TypeError(f"register() needs a Family instance, got {type(family).__name__}")
-    if not family.name or not family.task_types:
-        raise ValueError(f"{type(family).__name__} must set `name` and `task_types`")
-    taken = family.name in _REGISTRY or family.name in _BUILTIN
-    if taken and not replace and _REGISTRY.get(family.name) is not family:
-        raise ValueError(f"an environment family named {family.name!r} is already registered")
-    _REGISTRY[family.name] = family
-    return family
-
-
-def unregister(name: str) -> None:
-    """Forget a registered family (tests that register their own clean up with this)."""
-    _REGISTRY.pop(name, None)
-
-
-def registered() -> tuple[str, ...]:
-    """The names of every known family, sorted (built-in ones even before their first lookup)."""
-    return tuple(sorted(set(_BUILTIN) | set(_REGISTRY)))
-
-
-def get_family(name: str) -> Family:
-    """The family registered as `name`; ValueError naming the known families when there is none."""
-    if name not in _REGISTRY and name in _BUILTIN:
-        module, attr = _BUILTIN[name].split(":")
-        register(getattr(importlib.import_module(module), attr)(), replace=True)
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(registered())}")
-    return _REGISTRY[name]

@@ -22,7 +22,7 @@ from pathlib import Path
 from roleagent_jax.models.gguf_import import GGUFError, check_gguf_path, read_gguf
 from roleagent_jax.models.gguf_tokenizer import build_tokenizer
 from roleagent_jax.models.hf_io import save_tensors, umask_mode
-from roleagent_jax.tokenizer import eos_ids
+from roleagent_jax.models.tokenizer import eos_ids
 
 
 def _generation_config(tok) -> dict:

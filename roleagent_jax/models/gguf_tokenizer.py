@@ -16,7 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from roleagent_jax.models.gguf_import import GGUFError
-from roleagent_jax.tokenizer import QWEN2_PRETOKENIZE_REGEX
+from roleagent_jax.models.tokenizer import QWEN2_PRETOKENIZE_REGEX
 
 _LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"

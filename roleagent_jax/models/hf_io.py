@@ -342,7 +342,7 @@ def load_pretrained(
     cfg, ckpt, graphdef, abs_state, plan = _open_checked(path, config_overrides)
     shardings = None
     if mesh is not None:
-        from roleagent_jax.sharding import param_shardings
+        from roleagent_jax.parallel.sharding import param_shardings
 
         shardings = _flat_params(param_shardings(abs_state, mesh))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

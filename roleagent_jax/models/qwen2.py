@@ -15,9 +15,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from roleagent_jax.models.config import Qwen2Config
 from roleagent_jax.models.lora import LoRAParam, stacked_adapter_layers
+from roleagent_jax.parallel.sharding import BATCH_AXES
 
 _MAX_CHUNKS = 16
 _FEW_QUERIES = 4
@@ -60,6 +63,18 @@ def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVC
         return KVCache(jnp.zeros(stacked, dt), jnp.zeros(stacked, dt))
     layers = range(config.num_hidden_layers)
     return KVCache(tuple(jnp.zeros(shape, dt) for _ in layers), tuple(jnp.zeros(shape, dt) for _ in layers))
+
+
+def cache_sharding(mesh: Mesh, config: Qwen2Config) -> KVCache:
+    """KVCache of shardings matching ``init_cache(config, ...)``: each layer's ``[batch, kv_heads, slots,
+    head_dim]`` array (one stacked array behind a replicated ``layers`` dim when layers are scanned) has
+    batch over ``(data, fsdp)`` and KV heads over ``tensor``, replicated when the KV heads do not divide."""
+    heads = None if config.num_key_value_heads % mesh.shape["tensor"] else "tensor"
+    if config.scan_layers:
+        stacked = NamedSharding(mesh, P(None, BATCH_AXES, heads, None, None))
+        return KVCache(stacked, stacked)
+    per_layer = (NamedSharding(mesh, P(BATCH_AXES, heads, None, None)),) * config.num_hidden_layers
+    return KVCache(per_layer, per_layer)
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> nnx.Param:

@@ -27,8 +27,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax import distributed
 from roleagent_jax.models import Qwen2Config, SharedPrefix, init_cache
+from roleagent_jax.parallel import distributed
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
@@ -158,7 +158,7 @@ class Sampler:
     `num_compilations` counts traces of the two jitted functions (one per new bucket shape or
     sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
     With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
-    `sharding.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
+    `qwen2.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
     whole groups (their prefix cache beside their rows) the same way. `last_layout` is the
     shared-prefix layout of the last chunk generated (None: it used the plain per-row layout).
     """
@@ -216,14 +216,14 @@ class Sampler:
         """Keep a row-major array split over the batch axes inside the jitted programs."""
         if self.mesh is None:
             return x
-        from roleagent_jax.sharding import batch_sharding
+        from roleagent_jax.parallel.sharding import batch_sharding
 
         return jax.lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim))
 
     def _constrain_cache(self, cache):
         if self.mesh is None:
             return cache
-        from roleagent_jax.sharding import cache_sharding
+        from roleagent_jax.models.qwen2 import cache_sharding
 
         return jax.lax.with_sharding_constraint(cache, cache_sharding(self.mesh, self.config))
 
@@ -236,7 +236,7 @@ class Sampler:
     def _put_rows(self, x: np.ndarray) -> jax.Array:
         if self.mesh is None:
             return jnp.asarray(x)
-        from roleagent_jax.sharding import batch_sharding
+        from roleagent_jax.parallel.sharding import batch_sharding
 
         return jax.device_put(x, batch_sharding(self.mesh, x.ndim))
 
@@ -248,7 +248,7 @@ class Sampler:
     def _place_params(self, params):
         if self.mesh is None:
             return params
-        from roleagent_jax.sharding import param_shardings
+        from roleagent_jax.parallel.sharding import param_shardings
 
         return jax.device_put(params, param_shardings(params, self.mesh))
 

@@ -7,9 +7,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from roleagent_jax.episodes import Turn
+from roleagent_jax.envs.episodes import Turn
+from roleagent_jax.models.tokenizer import PromptEncoder
 from roleagent_jax.sampling import SampleRequest, SampleResult
-from roleagent_jax.tokenizer import PromptEncoder
 from roleagent_jax.types import RolloutSettings, Trajectory
 from roleagent_jax.wia.prompts import PREDICT_STOP, format_predictions, parse_predictions, prediction_mask
 

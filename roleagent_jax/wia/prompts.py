@@ -1,6 +1,6 @@
-"""WIA prompts: what the world role is asked (separate mode) or writes after its action (inline mode), how
-its answers are parsed, and which steps get a prediction. Host-side text only, so environment families
-can build their predictor prompts without importing the rollout."""
+"""WIA prompts: what the agent writes after its action (inline mode), the predictor's answer format, how
+answers are parsed, and which steps get a prediction. Host-side text only. The separate-mode question
+itself is part of the environment contract (`envs.predictor_prompt`), in each family's framing."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from roleagent_jax.envs.text import clip_text
+from roleagent_jax.envs.predictor_prompt import PREDICT_STOP
 
-PREDICT_STOP = "</predict>"  # ends a predictor answer: "<obs1>...</obs1> ... </predict>"
 INLINE_STOP = "</predict_next>"  # inline mode: the agent's answer ends after its prediction
 
 _WS = re.compile(r"\s+")
@@ -20,44 +19,6 @@ _WS = re.compile(r"\s+")
 def inline_instruction(action_stop: str) -> str:
     """WIA inline mode: after its action the agent writes the observation it expects next."""
     return f"\nAfter {action_stop}, write the observation you expect next inside <predict_next>...</predict_next>."
-
-
-def build_predictor_prompt(
-    goal: str,
-    history: Sequence[tuple[str, str]],
-    observation: str,
-    action: str,
-    horizon: int,
-    *,
-    framing,
-    history_k: int = 1,
-    obs_chars: int = 240,
-) -> str:
-    """The separate-mode prompt: the world model's view of one step, asking for H future observations.
-
-    Kept short (a ~1k-context model must fit it): the task, the last ``history_k`` (observation,
-    action) pairs, the current observation and the chosen action. The answer format is one tag per
-    horizon, closed by ``PREDICT_STOP``; ``format_predictions`` writes the same format for warm starts.
-    ``framing`` (an ``envs.base.PredictorFraming``: intro, reply, replies) holds the family's words.
-    """
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1, got {horizon}")
-    reply, replies = framing.reply, framing.replies
-    lines = [framing.intro, f"Task: {clip_text(goal, 160)}"]
-    recent = list(history)[-history_k:] if history_k > 0 else []
-    for obs, act in recent:
-        lines.append(f"Seen: {clip_text(obs, obs_chars)}")
-        lines.append(f"Did: {clip_text(act, 80)}")
-    lines.append(f"Now: {clip_text(observation, obs_chars)}")
-    lines.append(f"Action: {clip_text(action, 80)}")
-    if horizon == 1:
-        lines.append(f"Write {reply} to this action as <obs1>...</obs1> then " + PREDICT_STOP)
-    else:
-        lines.append(
-            f"Write the next {horizon} {replies} (after this action, then after the likely next "
-            f"actions) as <obs1>...</obs1> up to <obs{horizon}>...</obs{horizon}>, then {PREDICT_STOP}"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def format_predictions(observations: Sequence[str]) -> str:

@@ -14,7 +14,8 @@ from typing import Any
 
 from roleagent_jax.envs.alfworld import games, goals, heuristic, prompts, taxonomy
 from roleagent_jax.envs.alfworld.reference_prompt import build_reference_prompt
-from roleagent_jax.envs.base import Admissible, Env, Family, History, PoolRequest, PredictorFraming, TaskPool
+from roleagent_jax.envs.base import Admissible, Env, Family, History, PoolRequest, TaskPool
+from roleagent_jax.envs.predictor_prompt import PredictorFraming
 from roleagent_jax.envs.text import VALIDITY_RULES, matching_command, reference_action
 
 PROMPTS = ("reference", "compact")  # the reference runs' ALFWORLD_TEMPLATE | a short one for tiny models

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from roleagent_jax.envs.alfworld.goals import APPLIANCE_OF_TRANSFORM
 from roleagent_jax.envs.base import Observation, Task, TaskPool
-from roleagent_jax.episodes import Move, Turn, play
+from roleagent_jax.envs.episodes import Move, Turn, play
 from roleagent_jax.types import Trajectory
 
 _TAKE = re.compile(r"^take (.+?) from (.+)$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from roleagent_jax.envs.base import PredictorFraming
+from roleagent_jax.envs.predictor_prompt import PredictorFraming
 from roleagent_jax.envs.search_qa.engine import question_observation
 from roleagent_jax.envs.search_qa.parser import parse_turn
 from roleagent_jax.envs.text import clip_text

@@ -197,9 +197,9 @@ class WebShop(Family):
         return answer if self.options["valid"] == "available" else f"<think></think>{answer}"
 
     def predictor_prompt(self, goal, history, observation, action, horizon) -> str:
-        from roleagent_jax import wia
+        from roleagent_jax.envs.predictor_prompt import build_predictor_prompt
 
-        return wia.build_predictor_prompt(
+        return build_predictor_prompt(
             goal, history, observation, action, horizon, framing=self.predictor_framing, obs_chars=600
         )
 

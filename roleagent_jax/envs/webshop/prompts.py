@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from roleagent_jax.envs.base import Admissible, History, PredictorFraming
+from roleagent_jax.envs.base import Admissible, History
+from roleagent_jax.envs.predictor_prompt import PredictorFraming
 from roleagent_jax.envs.text import action_block, clip_text, history_lines, matching_command, normalize_action
 from roleagent_jax.envs.webshop.engine import SEARCH_PLACEHOLDER, split_action
 

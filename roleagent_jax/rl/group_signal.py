@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from roleagent_jax.types import Row, Trajectory
+
 ZERO = 1e-6  # |advantage| at or below this is no signal (float32 rounding of exact ties)
 
 
@@ -60,3 +62,19 @@ def zero_group_share(adv: np.ndarray, *keys: Sequence[int], tol: float = ZERO) -
     flat = flat_groups(adv, groups, tol)
     first = np.unique(groups, return_index=True)[1]
     return float(np.mean(flat[first]))
+
+
+def signal_metrics(
+    trajs: Sequence[Trajectory], rows: Sequence[Row], adv: np.ndarray, step_keys: np.ndarray
+) -> dict[str, float]:
+    """How much of the iteration's sampling carries signal: the share of task groups whose episode
+    returns are all equal (`train/uniform_groups`: no episode-level advantage) and of GiGPO's step
+    groups (task group x `step_keys`, `advantages.anchor_keys`) whose rows all get advantage 0
+    (`train/zero_step_groups`: no policy gradient at all). The entropy of the sampled tokens is the
+    update's `update/entropy`; its clip fractions are `update/clip_frac_low` and `_high`."""
+    return {
+        "train/uniform_groups": uniform_group_share(
+            [t.total_reward for t in trajs], [t.group_id for t in trajs]
+        ),
+        "train/zero_step_groups": zero_group_share(adv, [r.group_id for r in rows], step_keys),
+    }

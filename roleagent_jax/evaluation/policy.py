@@ -16,11 +16,11 @@ from flax import nnx
 from roleagent_jax.backends import make_backend
 from roleagent_jax.config import CONFIG
 from roleagent_jax.envs.base import Family
+from roleagent_jax.evaluation.trained_settings import POLICY_DEFAULTS as DEFAULTS
+from roleagent_jax.evaluation.trained_settings import check_checkpoint, read_settings
 from roleagent_jax.models import load_pretrained
+from roleagent_jax.models.tokenizer import PromptEncoder, eos_ids, load_tokenizer
 from roleagent_jax.sampling import SampleRequest, SamplingParams, capped_batch_buckets
-from roleagent_jax.tokenizer import PromptEncoder, eos_ids, load_tokenizer
-from roleagent_jax.trained_settings import POLICY_DEFAULTS as DEFAULTS
-from roleagent_jax.trained_settings import check_checkpoint, read_settings
 
 
 class ModelPolicy:

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import jax
 
-from roleagent_jax import distributed
-from roleagent_jax.advantages import hash_anchor
 from roleagent_jax.envs.base import Family
-from roleagent_jax.episodes import Move, Played, Turn, play
+from roleagent_jax.envs.episodes import Move, Played, Turn, play
+from roleagent_jax.models.tokenizer import PromptEncoder
+from roleagent_jax.parallel import distributed
+from roleagent_jax.rl.advantages import hash_anchor
 from roleagent_jax.sampling import SampleRequest, SampleResult
-from roleagent_jax.tokenizer import PromptEncoder
 from roleagent_jax.types import RolloutSettings, Row, Step, Trajectory
 from roleagent_jax.wia.predictor import Predictor
 from roleagent_jax.wia.prompts import INLINE_STOP, inline_instruction, parse_inline_prediction

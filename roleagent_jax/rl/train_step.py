@@ -25,8 +25,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax import sharding as shd
-from roleagent_jax.logprobs import (
+from roleagent_jax.parallel import sharding as shd
+from roleagent_jax.rl.logprobs import (
     MODEL_KEYS,
     TARGET_KEY,
     batch_shardings,
@@ -35,8 +35,8 @@ from roleagent_jax.logprobs import (
     model_logprobs,
     split_micro,
 )
-from roleagent_jax.losses import LossConfig, loss_from_config, reduce_metrics
-from roleagent_jax.optimizer import TrainState, current_lr, mirror_param_shardings
+from roleagent_jax.rl.losses import LossConfig, loss_from_config, reduce_metrics
+from roleagent_jax.rl.optimizer import TrainState, current_lr, mirror_param_shardings
 
 _DROPOUT_STREAM = 0x10A  # folded into the state's key: adapter dropout draws its own random stream
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from roleagent_jax.checkpointing import write_json
 from roleagent_jax.config import CONFIG, PATH_KEYS
 from roleagent_jax.config.schema import family_options, lookup
-from roleagent_jax.envs.base import get_family
+from roleagent_jax.envs.registry import get_family
+from roleagent_jax.run.checkpointing import claim_workdir, write_json
 
 RUN_FILE = "run.json"
 # Dotted keys, or sections (every key under them), that a resumed run may set differently.
@@ -97,6 +97,22 @@ def check_resume(workdir: Path, record: dict) -> None:
         "resume it with its own settings, choose a new --config.workdir, or add "
         "--config.checkpoint.resume=False --config.checkpoint.overwrite=True to move it aside"
     )
+
+
+def open_workdir(workdir: Path, config: ConfigDict, config_file: str, is_main: bool) -> None:
+    """Claim `workdir` for the run of `config`: refused when it holds another run (unless
+    `checkpoint.overwrite` moves that one aside) or cannot be made; process 0 writes the record."""
+    c = config
+    record = run_record(c, config_file)
+    if not c.checkpoint.overwrite:
+        check_resume(workdir, record)
+    claim_workdir(workdir, c.checkpoint.resume, c.checkpoint.overwrite)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})") from err
+    if is_main:
+        write_record(workdir, record)
 
 
 def write_record(workdir: Path, record: dict) -> None:

@@ -8,14 +8,15 @@ update's own passes.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from roleagent_jax.logprobs import MODEL_KEYS, TARGET_KEY
-from roleagent_jax.ppo import pack_rows
+from roleagent_jax.rl.logprobs import MODEL_KEYS, TARGET_KEY
+from roleagent_jax.rl.ppo import pack_rows
 
 
 def opener_probabilities(
@@ -52,3 +53,25 @@ def opener_probabilities(
         by_key[f"rollout/opener_prob/{text}/{kind}"].append(float(p))
         by_key[f"rollout/opener_prob/{text}/all"].append(float(p))
     return {k: float(np.mean(v)) for k, v in by_key.items()}
+
+
+def opener_metrics(
+    openers: Sequence[str],
+    tokenizer,
+    branch_prompts: Sequence[tuple[str, list[int]]],
+    logprobs: Callable[[dict], np.ndarray],
+    rows_multiple: int,
+    times: dict[str, float],
+) -> dict[str, float]:
+    """`opener_probabilities` for the family's opener texts at the branch states an iteration played,
+    under the policy that played them (before the update moves it); its seconds in
+    ``times["opener_prob"]``. Nothing for a family without openers or an iteration without branches."""
+    if not (openers and branch_prompts):
+        return {}
+    start = time.perf_counter()
+    encoded = [(o, tokenizer.encode(o, add_special_tokens=False)) for o in openers]
+    out = opener_probabilities(
+        branch_prompts, encoded, logprobs, tokenizer.pad_token_id, rows_multiple=rows_multiple
+    )
+    times["opener_prob"] = time.perf_counter() - start
+    return out

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from roleagent_jax import distributed
+from roleagent_jax.parallel import distributed
 
 
 class CheckpointError(RuntimeError):

@@ -12,19 +12,23 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from roleagent_jax import distributed
 from roleagent_jax.aiw import FailureMemory
-from roleagent_jax.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
+from roleagent_jax.backends import make_backend
 from roleagent_jax.config import family_options
 from roleagent_jax.envs import EnvPool, Family, TaskPool
-from roleagent_jax.episodes import failed_games
+from roleagent_jax.envs.episodes import failed_games
+from roleagent_jax.evaluation.trained_settings import GEN_SEED_OFFSETS
 from roleagent_jax.models import Qwen2ForCausalLM, init_config, load_pretrained, save_pretrained
-from roleagent_jax.optimizer import make_optimizer
-from roleagent_jax.sharding import shard_model
-from roleagent_jax.tokenizer import PromptEncoder, load_tokenizer, train_bpe_tokenizer
-from roleagent_jax.trained_settings import GEN_SEED_OFFSETS
-from roleagent_jax.types import Trajectory
-from roleagent_jax.warmstart import (
+from roleagent_jax.models.lora import LoRAConfig
+from roleagent_jax.models.tokenizer import PromptEncoder, eos_ids, load_tokenizer, train_bpe_tokenizer
+from roleagent_jax.parallel import distributed
+from roleagent_jax.parallel.sharding import shard_model
+from roleagent_jax.rl.logprobs import make_logprob_fn
+from roleagent_jax.rl.optimizer import make_optimizer
+from roleagent_jax.rl.policy_weights import PolicyWeights
+from roleagent_jax.rl.train_step import make_train_step
+from roleagent_jax.run.checkpointing import WARMSTART_CHECKPOINTS, Checkpointer
+from roleagent_jax.run.warmstart import (
     Example,
     episode_examples,
     expert_episodes,
@@ -33,6 +37,8 @@ from roleagent_jax.warmstart import (
     run_sft,
     target_ids,
 )
+from roleagent_jax.sampling import capped_batch_buckets
+from roleagent_jax.types import Trajectory
 
 EXPERT_MAX_STEPS = 50  # the expert plays to the end even when RL episodes are cut shorter
 
@@ -191,6 +197,19 @@ def build_model(config: ConfigDict, workdir: Path, mesh, resuming: bool, experts
     return model, mcfg, tok
 
 
+def policy_weights(config: ConfigDict, workdir: Path, mesh, resuming: bool, experts: Experts):
+    """The run's model split into the trained weights (full, or LoRA adapters on a frozen base) and
+    their params; with them the model's config and the tokenizer. No reference to the model is kept:
+    its arrays live on as the train state (or the LoRA base)."""
+    c = config
+    model, model_config, tokenizer = build_model(c, workdir, mesh, resuming, experts)
+    start_dir = str(Path(c.model.path or workdir / "hf_init").absolute())
+    weights, params = PolicyWeights.split(
+        model, LoRAConfig(**c.lora.to_dict()), c.seed, mesh, base_dir=start_dir
+    )
+    return weights, params, model_config, tokenizer
+
+
 def plain_token_ids(tokenizer) -> list[int]:
     """Every token id of the tokenizer that is not a special token (what copy batches draw from)."""
     special = set(tokenizer.all_special_ids)
@@ -238,6 +257,23 @@ def make_optimizer_for(config: ConfigDict):
     total = max(1, c.iterations * c.train.ppo_epochs * -(-rows // c.train.mini_batch_rows))
     return make_optimizer(o.lr, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                           warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=total)  # fmt: skip
+
+
+def update_programs(config: ConfigDict, weights: PolicyWeights, model_config, tokenizer, mesh):
+    """The run's jitted programs: the rollout backend (its sampler), the log-prob pass of the old policy
+    and the KL reference (the full model's forward pass, as the update computes it), the optimizer and
+    the train step. Returns them in that order."""
+    c = config
+    micro = c.train.mini_batch_rows // c.train.micro_batch_rows
+    backend = make_backend(
+        c.rollout.backend, weights.base_graphdef, model_config, tokenizer, mesh,
+        eos_ids=eos_ids(tokenizer), batch_buckets=capped_batch_buckets(c.rollout.max_rows_per_call),
+    )  # fmt: skip
+    logprob_fn = make_logprob_fn(weights.base_graphdef, mesh=mesh, micro_batches=micro)
+    optimizer = make_optimizer_for(c)
+    train_step = make_train_step(weights.graphdef, optimizer, c.loss, mesh=mesh,
+                                 micro_batches=micro, remat=c.model.remat)  # fmt: skip
+    return backend, logprob_fn, optimizer, train_step
 
 
 def failure_memory(workdir: Path, resuming: bool) -> FailureMemory:

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from roleagent_jax.episodes import success_summary
-from roleagent_jax.group_signal import uniform_group_share, zero_group_share
-from roleagent_jax.types import Row, Trajectory
+from roleagent_jax.envs.episodes import success_summary
+from roleagent_jax.types import Row
 
 if TYPE_CHECKING:
-    from roleagent_jax.rollout import RolloutResult
+    from roleagent_jax.run.rollout import RolloutResult
 
 ECHO_KEYS = (
     "train/success/all", "train/return", "train/episode_len", "train/valid_rate", "train/uniform_groups",
@@ -126,22 +125,6 @@ def iteration_metrics(
     return out
 
 
-def signal_metrics(
-    trajs: Sequence[Trajectory], rows: Sequence[Row], adv: np.ndarray, step_keys: np.ndarray
-) -> dict[str, float]:
-    """How much of the iteration's sampling carries signal: the share of task groups whose episode
-    returns are all equal (`train/uniform_groups`: no episode-level advantage) and of GiGPO's step
-    groups (task group x `step_keys`, `advantages.anchor_keys`) whose rows all get advantage 0
-    (`train/zero_step_groups`: no policy gradient at all). The entropy of the sampled tokens is the
-    update's `update/entropy`; its clip fractions are `update/clip_frac_low` and `_high`."""
-    return {
-        "train/uniform_groups": uniform_group_share(
-            [t.total_reward for t in trajs], [t.group_id for t in trajs]
-        ),
-        "train/zero_step_groups": zero_group_share(adv, [r.group_id for r in rows], step_keys),
-    }
-
-
 def branch_success(stats: dict[str, float]) -> dict[str, float]:
     """Success of the branches each forced opener started, per task type and overall
     (`rollout/branch_success/<opener>/<type>`): whether the contrast the branches exist for is there,
@@ -155,7 +138,7 @@ def branch_success(stats: dict[str, float]) -> dict[str, float]:
 
 
 def eval_metrics(split: str, summary: dict) -> dict[str, float]:
-    """An evaluation summary (`evaluate.summarize`) as scalars: success overall (`all`) and per task
+    """An evaluation summary (`evaluation.panel.summarize`) as scalars: success overall (`all`) and per task
     type, the number of games played, and the family's score (WebShop's score, search-QA's EM) where it
     has one."""
     out = {f"eval/{split}/{k}": v for k, v in summary["per_type"].items()}

@@ -5,19 +5,16 @@
     -> failure analysis -> memory + retrieval -> new task-sampling logits
 
 Device work (generation, log-probs, updates) is jitted and sharded behind the rollout backend and the
-train step; what a run builds before its first iteration is in `run_setup`. This file is the thin
+train step; what a run builds before its first iteration is in `setup`. This file is the thin
 host-side orchestration between those calls, plus checkpoints and evaluation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
@@ -25,44 +22,27 @@ from flax import nnx
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
-from roleagent_jax import aiw, distributed
-from roleagent_jax import run_setup as setup
-from roleagent_jax.advantages import anchor_keys, row_advantages
-from roleagent_jax.backends import make_backend
-from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
+from roleagent_jax import aiw
+from roleagent_jax.backends.base import folded_calls
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
-from roleagent_jax.evaluate import summarize
-from roleagent_jax.group_signal import flat_groups
-from roleagent_jax.logprobs import make_logprob_fn
-from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics, signal_metrics
+from roleagent_jax.evaluation.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.models import save_pretrained
-from roleagent_jax.models.lora import LoRAConfig
-from roleagent_jax.opener_probs import opener_probabilities
-from roleagent_jax.optimizer import TrainState
-from roleagent_jax.policy_weights import PolicyWeights
-from roleagent_jax.ppo import ppo_batch, ppo_epochs
-from roleagent_jax.rollout import RolloutResult, collect_all
-from roleagent_jax.run_record import check_resume, run_record, write_record
-from roleagent_jax.sampling import SamplingParams, capped_batch_buckets
-from roleagent_jax.sharding import make_mesh
-from roleagent_jax.tokenizer import PromptEncoder, eos_ids
-from roleagent_jax.train_step import make_train_step
-from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
+from roleagent_jax.models.tokenizer import PromptEncoder
+from roleagent_jax.parallel import distributed
+from roleagent_jax.parallel.sharding import make_mesh
+from roleagent_jax.rl.opener_probs import opener_metrics
+from roleagent_jax.rl.optimizer import TrainState
+from roleagent_jax.rl.update import pack_multiple, ppo_update
+from roleagent_jax.run import setup
+from roleagent_jax.run.checkpointing import Checkpointer, write_json
+from roleagent_jax.run.evaluation_phase import evaluate_split
+from roleagent_jax.run.metrics import MetricLogger, eval_metrics, iteration_metrics
+from roleagent_jax.run.record import open_workdir
+from roleagent_jax.run.rollout import collect_all
+from roleagent_jax.sampling import SamplingParams
 from roleagent_jax.types import RolloutSettings
-from roleagent_jax.wia import wia_multipliers, with_predictor_rows
-
-
-def timed(fn: Callable[[Any], Any], name: str, times: dict[str, float]) -> Callable[[Any], Any]:
-    """``fn`` that adds its seconds to ``times[name]`` (its result must be ready when it returns)."""
-
-    def run(arg):
-        start = time.perf_counter()
-        out = fn(arg)
-        times[name] = times.get(name, 0.0) + time.perf_counter() - start
-        return out
-
-    return run
+from roleagent_jax.wia.credit import shaped_advantages
 
 
 class Trainer:
@@ -86,19 +66,8 @@ class Trainer:
     def _build(self, c: ConfigDict) -> None:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
-        record = run_record(c, self.config_file)
-        if not c.checkpoint.overwrite:  # overwrite moves the earlier run aside, record and all
-            check_resume(self.workdir, record)
-        claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
-        try:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ValueError(
-                f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})"
-            ) from err
         self.is_main = jax.process_index() == 0
-        if self.is_main:
-            write_record(self.workdir, record)
+        open_workdir(self.workdir, c, self.config_file, self.is_main)
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = RolloutSettings.from_config(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
@@ -108,25 +77,13 @@ class Trainer:
         self.experts = self.experts_type(c, self.family, self.train_pool, self.workdir)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=c.checkpoint.keep)
         resuming = c.checkpoint.resume and self.ckpt.latest_step() is not None
-        model, self.model_config, self.tokenizer = setup.build_model(
+        self.weights, params, self.model_config, self.tokenizer = setup.policy_weights(
             c, self.workdir, self.mesh, resuming, self.experts
         )
         self.encode_prompt = PromptEncoder(self.tokenizer)
-        start_dir = str(Path(c.model.path or self.workdir / "hf_init").absolute())
-        self.weights, params = PolicyWeights.split(
-            model, LoRAConfig(**c.lora.to_dict()), c.seed, self.mesh, base_dir=start_dir
+        self.backend, self.logprob_fn, self.optimizer, self.train_step = setup.update_programs(
+            c, self.weights, self.model_config, self.tokenizer, self.mesh
         )
-        del model  # no reference to the model is kept: its arrays live on as the state (or the LoRA base)
-        micro = c.train.mini_batch_rows // c.train.micro_batch_rows
-        self.backend = make_backend(
-            c.rollout.backend, self.weights.base_graphdef, self.model_config, self.tokenizer, self.mesh,
-            eos_ids=eos_ids(self.tokenizer), batch_buckets=capped_batch_buckets(c.rollout.max_rows_per_call),
-        )  # fmt: skip
-        # The old-policy and reference log-probs: the full model's forward pass, as the update computes it.
-        self.logprob_fn = make_logprob_fn(self.weights.base_graphdef, mesh=self.mesh, micro_batches=micro)
-        self.optimizer = setup.make_optimizer_for(c)
-        self.train_step = make_train_step(self.weights.graphdef, self.optimizer, c.loss, mesh=self.mesh,
-                                          micro_batches=micro, remat=c.model.remat)  # fmt: skip
         self.state = TrainState.create(params, self.optimizer, jax.random.PRNGKey(c.seed), mesh=self.mesh)
         # The KL reference: the warm-started model; with LoRA the base itself (no second copy).
         self.kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
@@ -149,20 +106,13 @@ class Trainer:
         return self.weights.sampling(self.state.params, int(self.state.step))
 
     def logprobs(self, batch, params) -> np.ndarray:
-        """Token log-probs [B, T] of a `ppo.pack_rows` grid under the full weights `params`, 0 on
-        padding."""
+        """Token log-probs [B, T] of a `ppo.pack_rows` grid under the full weights `params` (0: padding)."""
         return np.asarray(distributed.fetch(self.logprob_fn(params, batch)))
 
     def generate_fn(self, sampling: SamplingParams, key):
         """The current policy's batched sampler call, each invocation with its own fold of `key`."""
         self.backend.update_weights(self.policy_params())
-        calls = [0]
-
-        def generate(requests):
-            calls[0] += 1
-            return self.backend.generate(requests, sampling, jax.random.fold_in(key, calls[0]))
-
-        return generate
+        return folded_calls(self.backend, sampling, key)
 
     # ------------------------------------------------------------------ one iteration
 
@@ -182,93 +132,43 @@ class Trainer:
         )  # fmt: skip
         times = {"rollout": time.perf_counter() - t0}
         setup.print_failed(f"iteration {it}", result.trajectories, self.train_pool)
-        metrics: dict[str, float] = {}
-        rows, multiplier = result.rows, None
-        t1 = time.perf_counter()
-        if self.family.action_openers and result.branch_prompts:  # before the update: the policy that played
-            openers = [
-                (o, self.tokenizer.encode(o, add_special_tokens=False)) for o in self.family.action_openers
-            ]
-            metrics.update(opener_probabilities(
-                result.branch_prompts, openers, lambda b: self.logprobs(b, self.policy_params()),
-                self.tokenizer.pad_token_id, rows_multiple=c.train.mini_batch_rows,
-            ))  # fmt: skip
-            times["opener_prob"], t1 = time.perf_counter() - t1, time.perf_counter()
-        if c.wia.mode != "off" and rows:
-            multiplier, wia_metrics = wia_multipliers(
-                result.trajectories, result.predictions, rows, c.wia.lam, c.wia.similarity, c.wia.fill
-            )
-            metrics.update(wia_metrics)
-        times["wia"], t1 = time.perf_counter() - t1, time.perf_counter()
-        adv = row_advantages(rows, return_multiplier=multiplier, **c.advantage.to_dict())
-        times["advantages"] = time.perf_counter() - t1
-        if rows:
-            keys = anchor_keys(rows, c.advantage.anchor_similarity, c.advantage.anchor)
-            metrics.update(signal_metrics(result.trajectories, rows, adv, keys))
-        if c.wia.train_predictor and result.predictor_samples:
-            rows, adv = with_predictor_rows(rows, adv, result.predictor_samples)
-            metrics["train/predictor_rows"] = float(len(result.predictor_samples))
-        if c.train.drop_flat_groups and rows:
-            keep = ~flat_groups(adv, [r.group_id for r in rows])
-            metrics["train/dropped_rows"] = float(len(rows) - keep.sum())
-            rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
+        opener = opener_metrics(self.family.action_openers, self.tokenizer, result.branch_prompts,
+                                lambda b: self.logprobs(b, self.policy_params()), c.train.mini_batch_rows, times)  # fmt: skip
+        rows, adv, metrics = shaped_advantages(
+            result.trajectories, result.predictions, result.rows, result.predictor_samples, c, times
+        )
+        metrics.update(opener)
         t1 = time.perf_counter()
         metrics.update(self._update(rows, adv, it))
         times["update"], t1 = time.perf_counter() - t1, time.perf_counter()
-        if c.aiw.enabled:
-            metrics.update(self._aiw(result.trajectories, it))
-        else:  # the AIW round records outcomes and reports the shares itself
-            self.task_sampler.record_episodes(result.trajectories)
-            shares = self.task_sampler.type_shares(self.train_pool.task_types)
-            metrics.update({f"aiw/share/{t}": p for t, p in shares.items()})
+        metrics.update(self._aiw(result.trajectories, it))
         times["aiw"] = time.perf_counter() - t1
         times["iteration"] = time.perf_counter() - t0
         return iteration_metrics(metrics, result, rows, adv, self.family.task_types, times)
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
-        """PPO on this iteration's rows: log-probs fixed first, then the sampler's copy of the policy is
-        dropped (the update needs the memory more) and the mini-batch epochs run."""
-        c = self.config
+        """PPO on this iteration's rows (`rl.update`), the sampler's copy dropped after the fixed log-probs."""
         if not rows:
             self.weights.drop_sampling_copy()
             return {}
-        times: dict[str, float] = {}
-        packed = ppo_batch(
-            rows, adv, pad_id=self.tokenizer.pad_token_id, max_prompt=c.rollout.max_prompt_tokens,
-            max_response=max(c.rollout.max_response_tokens, c.wia.max_tokens * c.wia.train_predictor),
-            mini_batch_rows=c.train.mini_batch_rows,
-            old_logprobs=None if c.train.old_logprobs == "sampler" else timed(self._old_logprobs, "old_logprobs", times),
-            ref_logprobs=timed(self._ref_logprobs, "ref_logprobs", times) if self.kl else None,
-            train_forced=c.rollout.train_openers, pack=self._pack_multiple(),
-            guided_weight=self.train_step.loss_cfg.guided_weight(it, c.iterations),
+        self.state, metrics = ppo_update(
+            self.train_step, self.state, rows, adv, self.config, it, pad_id=self.tokenizer.pad_token_id,
+            old_logprobs=lambda batch: self.logprobs(batch, self.policy_params()),
+            ref_logprobs=(lambda batch: self.logprobs(batch, self.weights.kl_reference)) if self.kl else None,
+            frozen=self.weights.base, release=self._release_sampler, pack=pack_multiple(self.config, self.mesh),
         )  # fmt: skip
+        return metrics
+
+    def _release_sampler(self) -> None:  # the update needs the memory more
         self.weights.drop_sampling_copy()
         self.backend.update_weights(None)
-        self.state, metrics = ppo_epochs(
-            self.train_step, self.state, packed, len(rows), mini_batch_rows=c.train.mini_batch_rows,
-            epochs=c.train.ppo_epochs, rng=np.random.default_rng([c.seed, it]), frozen=self.weights.base,
-            pack=self._pack_multiple(),
-        )  # fmt: skip
-        return {**metrics, **{f"time/update/{k}": v for k, v in times.items()}}
-
-    def _pack_multiple(self) -> int:
-        """0 without `train.pack_rows`; else what a packed row count must divide by: the micro-batches
-        times the mesh's batch shards."""
-        c = self.config
-        if not c.train.pack_rows:
-            return 0
-        micro = c.train.mini_batch_rows // c.train.micro_batch_rows
-        return micro * self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-
-    def _old_logprobs(self, batch) -> np.ndarray:
-        return self.logprobs(batch, self.policy_params())
-
-    def _ref_logprobs(self, batch) -> np.ndarray:
-        return self.logprobs(batch, self.weights.kl_reference)
 
     def _aiw(self, trajs, it: int) -> dict:
-        """The AIW round: the policy analyses its failures and re-weights the tasks (`aiw.policy_round`)."""
+        """The AIW round: the policy analyses its failures and re-weights the tasks (`aiw.policy_round`);
+        without AIW the outcomes only feed the task sampler (`aiw.record_round`)."""
         c = self.config
+        if not c.aiw.enabled:
+            return aiw.record_round(self.task_sampler, trajs, self.train_pool.task_types)
         gen = self.generate_fn(
             SamplingParams(temperature=0.4), jax.random.fold_in(self.state.rng, 10_000 + it)
         )
@@ -303,26 +203,15 @@ class Trainer:
         self.host.update(warm_started=True, sft_losses=losses)
 
     def evaluate(self, split: str, limit: int = 0) -> dict:
-        """Every game of `split` once (fixed panel), sampled at the eval temperature: `evaluate.summarize`
-        of the episodes (success per type, the family's score and behaviour rates, diagnostics)."""
+        """Every game of `split` once (fixed panel), sampled at the eval temperature (`evaluation_phase`):
+        success per type, the family's score and behaviour rates, diagnostics."""
         c = self.config
+        gen = self.generate_fn(
+            SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
+            jax.random.PRNGKey(c.seed + EVAL_KEY_OFFSET),
+        )
         pool = self.eval_pools.get(split) or self._eval_pool(split)
-        ids = list(range(len(pool)))[: limit or None]
-        setup.say(c, f"evaluation: playing {len(ids)} {split} games")
-        with setup.env_pool(c, self.family, pool) as envs:
-            gen = self.generate_fn(
-                SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
-                jax.random.PRNGKey(c.seed + EVAL_KEY_OFFSET),
-            )
-            settings = dataclasses.replace(
-                self.settings, wia_mode="off", branch_at=0, branch_openers=False, expert_branch=False
-            )
-            result: RolloutResult = collect_all(
-                gen, self.family, envs, ids, ids, self.tokenizer, settings, c.seed
-            )
-        setup.print_failed(f"evaluation on {split}", result.trajectories, pool)
-        f = self.family
-        return summarize(split, result.trajectories, f.task_types, f.score_name, pool, f)
+        return evaluate_split(c, self.family, pool, split, gen, self.tokenizer, self.settings, limit)
 
     def _eval_pool(self, split: str):
         return setup.eval_pool(self.config, self.family, split, self.workdir, self.train_pool)
@@ -363,7 +252,7 @@ class Trainer:
         return self.finish()
 
     def finish(self) -> dict:
-        from roleagent_jax.report import write_report
+        from roleagent_jax.run.report import write_report
 
         final_dir = self.workdir / "hf_final"
         self.weights.export(self.state.params, final_dir, self.tokenizer, fix_modes=self.is_main)

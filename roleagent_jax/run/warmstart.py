@@ -20,8 +20,8 @@ from flax import nnx
 
 from roleagent_jax import wia
 from roleagent_jax.envs.base import Family
-from roleagent_jax.episodes import Move, Turn, play
-from roleagent_jax.ppo import pack_rows
+from roleagent_jax.envs.episodes import Move, Turn, play
+from roleagent_jax.rl.ppo import pack_rows
 from roleagent_jax.types import Trajectory
 
 # Token-grid widths of warm-start batches: fine steps where the demo's rows lie, few compiled shapes.

@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax import sharding as shd
+from roleagent_jax.parallel import sharding as shd
 
 MODEL_KEYS = ("input_ids", "attention_mask", "positions")
 TARGET_KEY = "target_index"

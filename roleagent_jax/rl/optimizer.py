@@ -15,7 +15,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roleagent_jax import sharding as shd
+from roleagent_jax.parallel import sharding as shd
 
 SCHEDULES = ("constant", "cosine")
 

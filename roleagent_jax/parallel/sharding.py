@@ -145,20 +145,6 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
 
 
-def cache_sharding(mesh: Mesh, config: Any):
-    """KVCache of shardings matching ``init_cache(config, ...)``: each layer's ``[batch, kv_heads, slots,
-    head_dim]`` array (one stacked array behind a replicated ``layers`` dim when layers are scanned) has
-    batch over ``(data, fsdp)`` and KV heads over ``tensor``, replicated when the KV heads do not divide."""
-    from roleagent_jax.models.qwen2 import KVCache
-
-    heads = None if config.num_key_value_heads % mesh.shape["tensor"] else "tensor"
-    if config.scan_layers:
-        stacked = NamedSharding(mesh, P(None, BATCH_AXES, heads, None, None))
-        return KVCache(stacked, stacked)
-    per_layer = (NamedSharding(mesh, P(BATCH_AXES, heads, None, None)),) * config.num_hidden_layers
-    return KVCache(per_layer, per_layer)
-
-
 _initialized = False
 
 

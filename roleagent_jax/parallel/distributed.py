@@ -51,7 +51,7 @@ def initialize(
     if os.environ.get("ROLEAGENT_DISTRIBUTED") == "auto":
         jax.distributed.initialize()  # TPU slice / cluster: JAX discovers the peers from its environment
         return jax.process_count() > 1
-    from roleagent_jax.sharding import maybe_initialize_distributed
+    from roleagent_jax.parallel.sharding import maybe_initialize_distributed
 
     maybe_initialize_distributed()
     return jax.process_count() > 1

@@ -23,7 +23,7 @@ from typing import Any
 
 from roleagent_jax.config import CONFIG, Key
 from roleagent_jax.config.schema import lookup, option_errors
-from roleagent_jax.envs.base import get_family, registered
+from roleagent_jax.envs.registry import get_family, registered
 
 SETTINGS_FILE = "roleagent.json"
 # What the policy needs to prompt and sample as the run did, each the config key it is exported from,

@@ -17,7 +17,7 @@ from roleagent_jax.models import Qwen2ForCausalLM, save_pretrained
 from roleagent_jax.models.hf_io import umask_mode
 from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora, merge_fn
 from roleagent_jax.models.peft_io import save_adapter
-from roleagent_jax.sharding import shard_model
+from roleagent_jax.parallel.sharding import shard_model
 
 
 class PolicyWeights:

@@ -28,7 +28,7 @@ def _cell(p: float | None, se: float | None) -> str:
 
 
 def rates(summary: dict) -> dict[str, float]:
-    """Success per task type and overall (`all`) of an evaluation summary (`evaluate.summarize`)."""
+    """Success per task type and overall (`all`) of an evaluation summary (`evaluation.panel.summarize`)."""
     return {**summary.get("per_type", {}), "all": summary["success"]} if summary else {}
 
 
@@ -211,7 +211,7 @@ SIGNAL_KEYS = ("train/uniform_groups", "train/zero_step_groups", "update/clip_fr
 
 
 def signal_series(history: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """The waste of each iteration (`metrics.signal_metrics`) beside the update's clip fractions."""
+    """The waste of each iteration (`rl.group_signal.signal_metrics`) beside the update's clip fractions."""
     out = {}
     for key in SIGNAL_KEYS:
         section, name = key.split("/")

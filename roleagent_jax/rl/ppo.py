@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roleagent_jax.logprobs import MODEL_KEYS, TARGET_KEY, round_up, target_index
+from roleagent_jax.rl.logprobs import MODEL_KEYS, TARGET_KEY, round_up, target_index
 
 if TYPE_CHECKING:
-    from roleagent_jax.optimizer import TrainState
-    from roleagent_jax.train_step import TrainStep
+    from roleagent_jax.rl.optimizer import TrainState
+    from roleagent_jax.rl.train_step import TrainStep
 
 log = logging.getLogger(__name__)
 

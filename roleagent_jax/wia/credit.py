@@ -1,0 +1,51 @@
+"""An iteration's credit: WIA's return multipliers scale the returns that the GiGPO (or GRPO) advantages
+normalise, then the predictor's own rows join with theirs. WIA sits above the update's floor, so this is
+where the two meet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from roleagent_jax.rl.advantages import anchor_keys, row_advantages
+from roleagent_jax.rl.group_signal import flat_groups, signal_metrics
+from roleagent_jax.types import Row, Trajectory
+from roleagent_jax.wia.shaping import wia_multipliers, with_predictor_rows
+
+
+def shaped_advantages(
+    trajectories: Sequence[Trajectory],
+    predictions: Any,
+    rows: list[Row],
+    predictor_samples: Sequence[Any],
+    config: Any,
+    times: dict[str, float],
+) -> tuple[list[Row], np.ndarray, dict[str, float]]:
+    """The rows to train on, their advantages, WIA's metrics and where the signal is
+    (`group_signal.signal_metrics`); with ``train.drop_flat_groups`` the task groups without any
+    advantage are left out. ``config`` is the run's; the seconds of the WIA and advantage passes go
+    into ``times``."""
+    c, metrics, multiplier = config, {}, None
+    start = time.perf_counter()
+    if c.wia.mode != "off" and rows:
+        multiplier, wia_metrics = wia_multipliers(
+            trajectories, predictions, rows, c.wia.lam, c.wia.similarity, c.wia.fill
+        )
+        metrics.update(wia_metrics)
+    times["wia"], start = time.perf_counter() - start, time.perf_counter()
+    adv = row_advantages(rows, return_multiplier=multiplier, **c.advantage.to_dict())
+    times["advantages"] = time.perf_counter() - start
+    if rows:
+        keys = anchor_keys(rows, c.advantage.anchor_similarity, c.advantage.anchor)
+        metrics.update(signal_metrics(trajectories, rows, adv, keys))
+    if c.wia.train_predictor and predictor_samples:
+        rows, adv = with_predictor_rows(rows, adv, predictor_samples)
+        metrics["train/predictor_rows"] = float(len(predictor_samples))
+    if c.train.drop_flat_groups and rows:
+        keep = ~flat_groups(adv, [r.group_id for r in rows])
+        metrics["train/dropped_rows"] = float(len(rows) - keep.sum())
+        rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
+    return rows, adv, metrics
