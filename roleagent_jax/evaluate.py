@@ -5,7 +5,9 @@
 
 The panel is fixed: the pool's task list, every task exactly once, each task's randomness seeded by
 (seed, task id, step) so the result does not depend on worker count or batching. The last line printed
-is one JSON object: {"split", "n", "success", "per_type", ...}.
+on stdout is one JSON object: {"split", "n", "success", "per_type", "lost", ...}. Episodes lost to the
+environment (a retriever down, a crashed or hung worker) count in no rate; more than --max-lost-share of
+them exits 3 after the summary.
 
 A policy is any callable mapping a batch of `episodes.Turn` to response texts in the family's answer
 format; the shared episode loop parses them. `--env` picks the family (default alfworld); the family's
@@ -34,10 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from roleagent_jax import exit_codes
+from roleagent_jax.config import CONFIG
 from roleagent_jax.config.schema import option_errors
 from roleagent_jax.envs.base import Family, TaskPool, get_family, registered
 from roleagent_jax.envs.pool import EnvPool
-from roleagent_jax.episodes import Move, Turn, failed_games, play, success_summary
+from roleagent_jax.episodes import Move, Turn, counted, failed_games, lost_share, play, success_summary
 from roleagent_jax.trained_settings import SETTINGS_FILE, check_checkpoint, read_settings
 from roleagent_jax.types import Trajectory
 
@@ -120,10 +124,15 @@ def summarize(
     summary of an evaluation, for this command, the trainer's evaluations and the report. Families that
     score episodes (`Observation.score`) also get `score_name` and the mean score under that name, its
     standard error (`<score_name>_se`) and the mean per type (`per_type_<score_name>`); an episode that
-    ended without a score counts 0. With the pool, the games whose environment failed, by name and reason.
-    `wins` lists each game's outcome in task-id order, so two evaluations of the same games pair up (the paired
+    ended without a score counts 0. Episodes lost to their environment (a crashed or hung worker, a
+    retriever that failed) are in no rate: `n` counts the others, `lost` and `lost_share` the lost ones,
+    and with the pool `failed_games` names them with the reason. `wins` lists each game's outcome in
+    task-id order (None for a lost one), so two evaluations of the same games pair up (the paired
     difference's standard error, a fixed subset's rate). With the family and the pool, `behaviour` holds
-    the family's rates of what the episodes did (`Family.behaviour`), where it reports any."""
+    the family's rates of what the episodes did (`Family.behaviour`), where it reports any, and
+    `warnings` what it finds wrong with the environment (`Family.warnings`)."""
+    played = trajs
+    trajs = counted(played)
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -135,11 +144,12 @@ def summarize(
         "success": sum(t.won for t in trajs) / max(n, 1),
         "per_type": per_type,
         "count_per_type": {k: sum(t.task_type == k for t in trajs) for k in per_type},
-        "env_failed": sum(t.env_failed for t in trajs),
-        "failed_games": failed_games(trajs, pool) if pool is not None else [],
+        "lost": len(played) - n,
+        "lost_share": lost_share(played),
+        "failed_games": failed_games(played, pool) if pool is not None else [],
         "invalid_rate": invalid / max(steps, 1),
         "mean_steps": steps / max(n, 1),
-        "wins": [int(t.won) for t in sorted(trajs, key=lambda t: t.task_id)],
+        "wins": [None if t.env_failed else int(t.won) for t in sorted(played, key=lambda t: t.task_id)],
     }
     if any(t.score is not None for t in trajs):
         scores = {k: [t.score or 0.0 for t in trajs if t.task_type == k] for k in per_type}
@@ -151,6 +161,9 @@ def summarize(
     behaviour = family.behaviour(trajs, pool) if family is not None and pool is not None else {}
     if behaviour:
         out["behaviour"] = dict(behaviour)
+    warnings = family.warnings(played) if family is not None else []
+    if warnings:
+        out["warnings"] = list(warnings)
     return out
 
 
@@ -358,6 +371,13 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         "--step-timeout", type=float, default=60.0, help="seconds before a silent worker is restarted"
     )
     p.add_argument(
+        "--max-lost-share",
+        type=float,
+        default=CONFIG.default("env.max_lost_share"),
+        help="share of the episodes that may be lost to the environment (retriever down, crashed or hung "
+        "workers; they count in no rate) before the command exits 3 (default %(default)s)",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         default=None,
@@ -400,6 +420,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value}: must be >= {low}")
     if args.step_timeout <= 0:
         raise ValueError(f"--step-timeout={args.step_timeout}: must be > 0")
+    if not 0.0 <= args.max_lost_share <= 1.0:
+        raise ValueError(f"--max-lost-share={args.max_lost_share}: must be between 0 and 1")
     if args.temperature < 0:
         raise ValueError(f"--temperature={args.temperature}: must be >= 0")
     if args.episodes is not None:
@@ -579,8 +601,18 @@ def main(argv: list[str] | None = None) -> dict:
         if summary.get("behaviour"):
             print(f"{'behaviour':34s} {behaviour_text(summary['behaviour'])}")
         for game in summary["failed_games"]:
-            print(f"environment failed (counted as a loss): {game['task']}: {game['reason']}")
+            print(f"lost to the environment (not counted): {game['task']}: {game['reason']}")
+    for line in summary.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary), flush=True)
+    if summary["lost_share"] > args.max_lost_share:
+        print(
+            f"error: {summary['lost']} of {summary['lost'] + summary['n']} episodes were lost to the "
+            f"environment, more than --max-lost-share={args.max_lost_share}: the figures above are not "
+            "the policy's",
+            file=sys.stderr,
+        )
+        raise SystemExit(exit_codes.ENV_OUTAGE)
     return summary
 
 

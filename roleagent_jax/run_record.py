@@ -37,6 +37,7 @@ RESUMABLE = (
     "env.eval_splits",
     "env.num_workers",
     "env.step_timeout",
+    "env.max_lost_share",
     "env.gen.dir",
     "rollout.backend",
     "rollout.max_rows_per_call",

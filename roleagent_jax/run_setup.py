@@ -45,11 +45,9 @@ def say(config: ConfigDict, text: str) -> None:
 
 
 def print_failed(where: str, trajs: list[Trajectory], pool: TaskPool) -> None:
-    """Name each game whose environment failed (it counts as a loss) and why."""
+    """Name each game lost to its environment (counted in no rate) and why."""
     for game in failed_games(trajs, pool):
-        print(
-            f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
-        )
+        print(f"{where}: lost to the environment (not counted): {game['task']}: {game['reason']}", flush=True)
 
 
 def env_pool(config: ConfigDict, family: Family, pool: TaskPool, max_steps: int | None = None) -> EnvPool:

@@ -31,8 +31,11 @@ from roleagent_jax.advantages import row_advantages
 from roleagent_jax.backends import make_backend
 from roleagent_jax.checkpointing import Checkpointer, claim_workdir, write_json
 from roleagent_jax.config import apply_algo, family_options, validate
+from roleagent_jax.config.checks import pool_size_errors
 from roleagent_jax.envs import get_family
+from roleagent_jax.episodes import lost_share
 from roleagent_jax.evaluate import summarize
+from roleagent_jax.exit_codes import EnvironmentOutage
 from roleagent_jax.logprobs import make_logprob_fn
 from roleagent_jax.metrics import MetricLogger, eval_metrics, iteration_metrics
 from roleagent_jax.models import save_pretrained
@@ -49,6 +52,7 @@ from roleagent_jax.train_step import make_train_step
 from roleagent_jax.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
 from roleagent_jax.types import RolloutSettings
 from roleagent_jax.wia import wia_multipliers, with_predictor_rows
+from roleagent_jax.workdir_lock import WorkdirLock, check_free
 
 
 def timed(fn: Callable[[Any], Any], name: str, times: dict[str, float]) -> Callable[[Any], Any]:
@@ -74,10 +78,13 @@ class Trainer:
         self.config_file = config_file  # recorded in the workdir, named when another run resumes there
         self.workdir = Path(c.workdir).absolute()
         fresh = not self.workdir.exists()
+        self.lock: WorkdirLock | None = None
         try:
             self._build(c)
-        except Exception:  # refused or failed while building: a new run leaves no half-made workdir
-            if fresh and jax.process_index() == 0:
+        except BaseException:  # refused or failed while building: a new run leaves no half-made workdir
+            if self.lock is not None:
+                self.lock.release()
+            if fresh and jax.process_index() == 0 and self.lock is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             raise
 
@@ -87,6 +94,7 @@ class Trainer:
         record = run_record(c, self.config_file)
         if not c.checkpoint.overwrite:  # overwrite moves the earlier run aside, record and all
             check_resume(self.workdir, record)
+        check_free(self.workdir)  # a workdir another live run holds is neither resumed nor moved aside
         claim_workdir(self.workdir, c.checkpoint.resume, c.checkpoint.overwrite)
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -96,10 +104,14 @@ class Trainer:
             ) from err
         self.is_main = jax.process_index() == 0
         if self.is_main:
+            self.lock = WorkdirLock(self.workdir)
             write_record(self.workdir, record)
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = RolloutSettings.from_config(c)
         self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
+        sizes = pool_size_errors(c, self.family, len(self.train_pool))  # a real split's size is known now
+        if sizes:
+            raise ValueError(sizes[0])
         # Made now, so a split that cannot be built stops the run before any work (and they are reused).
         self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}
         self.envs = setup.env_pool(c, self.family, self.train_pool)
@@ -177,9 +189,10 @@ class Trainer:
             seed=c.seed, iteration=it,
         )  # fmt: skip
         times = {"rollout": time.perf_counter() - t0}
-        setup.print_failed(f"iteration {it}", result.trajectories, self.train_pool)
+        self._check_environment(f"iteration {it + 1}", result.trajectories, self.train_pool)
         metrics: dict[str, float] = {}
-        rows, multiplier = result.rows, None
+        lost = {t.traj_id for t in result.trajectories if t.env_failed}  # no loss of the agent's: no rows
+        rows, multiplier = [r for r in result.rows if r.traj_id not in lost], None
         t1 = time.perf_counter()
         if c.wia.mode != "off" and rows:
             multiplier, wia_metrics = wia_multipliers(
@@ -203,6 +216,21 @@ class Trainer:
         times["aiw"] = time.perf_counter() - t1
         times["iteration"] = time.perf_counter() - t0
         return iteration_metrics(metrics, result, rows, adv, self.family.task_types, times)
+
+    def _check_environment(self, what: str, trajs, pool) -> None:
+        """Stop the run (`EnvironmentOutage`, exit 3, before anything of this iteration or evaluation is
+        kept) when more than `env.max_lost_share` of the episodes were lost to the environment; else name
+        the lost games and print what the family finds wrong with the environment."""
+        share, limit = lost_share(trajs), self.config.env.max_lost_share
+        if share > limit:
+            reasons = sorted({t.env_error or "environment failed" for t in trajs if t.env_failed})
+            raise EnvironmentOutage(
+                f"{what} lost {sum(t.env_failed for t in trajs)} of {len(trajs)} episodes to the environment "
+                f"({'; '.join(reasons)[:300]}), more than --config.env.max_lost_share={limit}"
+            )
+        setup.print_failed(what, trajs, pool)
+        for line in self.family.warnings(trajs):
+            print(f"warning: {what}: {line}", flush=True)
 
     def _update(self, rows, adv: np.ndarray, it: int) -> dict:
         """PPO on this iteration's rows: log-probs fixed first, then the sampler's copy of the policy is
@@ -288,7 +316,7 @@ class Trainer:
             result: RolloutResult = collect_all(
                 gen, self.family, envs, ids, ids, self.tokenizer, settings, c.seed
             )
-        setup.print_failed(f"evaluation on {split}", result.trajectories, pool)
+        self._check_environment(f"evaluation on {split}", result.trajectories, pool)
         f = self.family
         return summarize(split, result.trajectories, f.task_types, f.score_name, pool, f)
 
@@ -319,6 +347,7 @@ class Trainer:
                     metrics.update(eval_metrics(split, summary))
             self.host["iteration"] = it + 1
             self.logger.log(it + 1, metrics, echo=not c.log.progress)
+            self.ckpt.check()  # a background save that failed stops the run now, not at the next save
             bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")  # fmt: skip
             if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
                 self.save()
@@ -374,6 +403,16 @@ class Trainer:
         return history
 
     def close(self) -> None:
-        self.ckpt.close()
-        self.envs.close()
-        self.logger.close()
+        """Close the checkpointer (awaiting its last save), the environments, the logger and the
+        workdir's lock, each whatever failed before it; the first failure is raised afterwards."""
+        first: BaseException | None = None
+        for part in ("ckpt", "envs", "logger", "lock"):
+            obj = getattr(self, part, None)
+            if obj is None:
+                continue
+            try:
+                obj.release() if part == "lock" else obj.close()
+            except BaseException as err:  # noqa: BLE001 - the others must still close
+                first = first or err
+        if first is not None:
+            raise first

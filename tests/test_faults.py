@@ -1,0 +1,174 @@
+"""Faults during a run, as an operator meets them on a tiny run: each ends the process within a minute
+with one line and its documented exit code (`roleagent_jax.exit_codes`), loses nothing saved, and the
+same command resumes where that makes sense."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_trainer import ROOT, cli, env, run_cmd
+
+from roleagent_jax import exit_codes
+from roleagent_jax.workdir_lock import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirLock
+
+FAULT = Path(__file__).resolve().parent / "fault_in_run.py"
+QUICK = ("--config.env.eval_splits=()", "--config.log.progress=false", "--config.log.tensorboard=false")
+FAULT_TIMEOUT = 600  # the tiny run's set-up; each fault itself must end the process within a minute
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# ----------------------------------------------------------------------------------------------------
+# one run per workdir
+
+
+def test_a_second_run_on_a_held_workdir_is_refused_in_one_line(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    lock = WorkdirLock(workdir)
+    try:
+        out = run_cmd(cli(workdir, "--config.iterations=1", *QUICK), 300)
+    finally:
+        lock.release()
+    assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, lines
+    assert str(workdir) in lines[0] and f"process {os.getpid()} on {socket.gethostname()}" in lines[0]
+    assert sorted(p.name for p in workdir.iterdir()) == []  # nothing of the second run was written
+
+
+def test_the_lock_is_exclusive_and_released(tmp_path):
+    lock = WorkdirLock(tmp_path)
+    with pytest.raises(WorkdirBusy, match=f"process {os.getpid()}"):
+        WorkdirLock(tmp_path)
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+    WorkdirLock(tmp_path).release()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
+    """kill -9 leaves the lock file: its pid is gone on this host, so the next run takes it over."""
+    stale = {"pid": dead_pid(), "host": socket.gethostname(), "started": time.time(), "stamp": time.time()}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(stale))
+    lock = WorkdirLock(tmp_path)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert f"process {stale['pid']}" in capsys.readouterr().out
+    lock.release()
+
+
+def test_a_lock_of_a_lost_host_is_taken_over_once_its_stamp_is_old(tmp_path):
+    path = tmp_path / LOCK_FILE
+    other = {"pid": 1, "host": "some-other-host", "started": 0.0, "stamp": time.time()}
+    path.write_text(json.dumps(other))
+    with pytest.raises(WorkdirBusy, match="some-other-host"):  # it may still run: its stamp is fresh
+        WorkdirLock(tmp_path)
+    old = time.time() - STALE_S - 60
+    path.write_text(json.dumps({**other, "stamp": old}))
+    os.utime(path, (old, old))
+    WorkdirLock(tmp_path).release()
+
+
+def test_a_run_killed_with_sigkill_leaves_a_lock_the_next_run_takes_over(tmp_path):
+    workdir = tmp_path / "run"
+    args = cli(workdir, "--config.iterations=1", "--config.checkpoint.every=1", *QUICK)
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + FAULT_TIMEOUT
+    while time.time() < deadline and not (workdir / LOCK_FILE).exists():
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads((workdir / LOCK_FILE).read_text())["pid"] == proc.pid
+    out = run_cmd(args, FAULT_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"took over the lock of {workdir} left by process {proc.pid}" in out.stdout
+    assert not (workdir / LOCK_FILE).exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# a failed save, a full disk
+
+
+def test_a_failed_background_save_ends_the_run_in_one_line(tmp_path):
+    """Disk full in orbax's background write: exit 2 at once (not at the next save, not a hang), one
+    line, the lock released; the same command resumes once there is space."""
+    workdir = tmp_path / "run"
+    args = cli(workdir, "--config.iterations=2", "--config.checkpoint.every=1", *QUICK)
+    start = time.time()
+    out = run_cmd([sys.executable, str(FAULT), "save_enospc", *args[3:]], FAULT_TIMEOUT)
+    assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "disk full" in lines[0] and "run the same command to resume" in lines[0], lines
+    assert time.time() - start < FAULT_TIMEOUT
+    assert not (workdir / LOCK_FILE).exists()
+    assert not [p for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    again = run_cmd(args, FAULT_TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_disk_full_outside_the_checkpoints_is_exit_2_in_one_line(tmp_path):
+    args = cli(tmp_path / "run", "--config.iterations=1", *QUICK)
+    out = run_cmd([sys.executable, str(FAULT), "metrics_enospc", *args[3:]], FAULT_TIMEOUT)
+    assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "disk full" in lines[0] and "No space left on device" in lines[0], lines
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None or os.geteuid() != 0, reason="needs chattr as root")
+def test_an_unwritable_checkpoints_folder_ends_the_run_instead_of_hanging(tmp_path):
+    """`chattr +i <workdir>/checkpoints`: orbax's write fails with EPERM and its threads would wait
+    forever at interpreter exit; the run ends with one line and exit 2."""
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints").mkdir(parents=True)
+    if subprocess.run(["chattr", "+i", str(workdir / "checkpoints")], capture_output=True).returncode:
+        pytest.skip("this filesystem has no immutable flag")
+    try:
+        out = run_cmd(
+            cli(workdir, "--config.iterations=1", "--config.checkpoint.every=1", *QUICK), FAULT_TIMEOUT
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(workdir / "checkpoints")])
+    assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "Operation not permitted" in lines[0], lines
+
+
+# ----------------------------------------------------------------------------------------------------
+# interrupts
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_is_one_line_that_says_how_to_resume(tmp_path, sig):
+    workdir = tmp_path / "run"
+    args = cli(workdir, "--config.iterations=3", "--config.checkpoint.every=1", *QUICK)
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + FAULT_TIMEOUT
+    while time.time() < deadline and not (workdir / "checkpoints" / "1").is_dir():
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stderr[-3000:]
+    lines = error_lines(stderr)
+    assert len(lines) == 1 and signal.Signals(sig).name in lines[0], lines
+    assert "run the same command to resume" in lines[0]
+    assert not (workdir / LOCK_FILE).exists()
+    resumed = run_cmd(args, FAULT_TIMEOUT)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
