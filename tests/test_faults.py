@@ -22,7 +22,9 @@ from roleagent_jax.workdir_lock import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirL
 
 FAULT = Path(__file__).resolve().parent / "fault_in_run.py"
 QUICK = ("--config.env.eval_splits=()", "--config.log.progress=false", "--config.log.tensorboard=false")
-FAULT_TIMEOUT = 600  # the tiny run's set-up; each fault itself must end the process within a minute
+FAULT_TIMEOUT = (
+    1200  # the tiny run's set-up on a busy machine; each fault itself ends the process within a minute
+)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -110,12 +112,10 @@ def test_a_failed_background_save_ends_the_run_in_one_line(tmp_path):
     line, the lock released; the same command resumes once there is space."""
     workdir = tmp_path / "run"
     args = cli(workdir, "--config.iterations=2", "--config.checkpoint.every=1", *QUICK)
-    start = time.time()
     out = run_cmd([sys.executable, str(FAULT), "save_enospc", *args[3:]], FAULT_TIMEOUT)
     assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
     lines = error_lines(out.stderr)
     assert len(lines) == 1 and "disk full" in lines[0] and "run the same command to resume" in lines[0], lines
-    assert time.time() - start < FAULT_TIMEOUT
     assert not (workdir / LOCK_FILE).exists()
     assert not [p for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     again = run_cmd(args, FAULT_TIMEOUT)
@@ -172,3 +172,118 @@ def test_an_interrupt_is_one_line_that_says_how_to_resume(tmp_path, sig):
     assert not (workdir / LOCK_FILE).exists()
     resumed = run_cmd(args, FAULT_TIMEOUT)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------------
+# episodes lost to the environment
+
+
+def retriever_down_pool(tmp_path, n: int = 3):
+    """Search QA's generated questions, each answered by an HTTP retriever on a port nothing listens on."""
+    import dataclasses
+
+    from roleagent_jax.envs import get_family
+    from roleagent_jax.envs.base import TaskPool
+
+    family = get_family("search_qa")
+    pool = family.task_pool("gen_test", gen_dir=tmp_path / "games", n=n, seed=0, options={})
+    down = ("http", "http://127.0.0.1:9/retrieve", "queries")
+    tasks = [
+        dataclasses.replace(t, payload=dataclasses.replace(t.payload, retriever=down)) for t in pool.tasks
+    ]
+    return family, TaskPool(tasks, pool.source)
+
+
+def test_a_retriever_outage_loses_episodes_it_does_not_count_as_the_agents(tmp_path):
+    from roleagent_jax.evaluate import ExpertPolicy, evaluate_trajectories, summarize
+
+    family, pool = retriever_down_pool(tmp_path)
+    trajs = evaluate_trajectories(ExpertPolicy(family), family, pool, num_workers=1, max_steps=4)
+    assert all(t.env_failed and "retrieval server" in t.env_error for t in trajs)
+    summary = summarize("gen_test", trajs, family.task_types, family.score_name, pool, family)
+    assert (summary["n"], summary["lost"], summary["lost_share"]) == (0, 3, 1.0)
+    assert summary["wins"] == [None] * 3 and len(summary["failed_games"]) == 3
+
+
+def test_evaluation_exits_3_when_more_than_the_set_share_is_lost(tmp_path, monkeypatch, capsys):
+    from roleagent_jax import evaluate
+    from roleagent_jax.types import Trajectory
+
+    def half_lost(policy, family, pool, **kwargs):
+        n = kwargs.get("limit") or len(pool)
+        return [Trajectory(i, pool[i].type, pool[i].goal, won=i % 2 == 1, env_failed=i % 2 == 0,
+                           env_error="RetrieverUnavailable: down") for i in range(n)]  # fmt: skip
+
+    monkeypatch.setattr(evaluate, "evaluate_trajectories", half_lost)
+    argv = ["--env=search_qa", "--policy=random", "--split=gen_test", "--gen-n=4", f"--gen-dir={tmp_path}"]
+    summary = evaluate.main([*argv, "--max-lost-share=0.5", "--quiet"])  # 2 of 4 lost: at the limit
+    assert (summary["n"], summary["lost"], summary["success"]) == (2, 2, 1.0)
+    with pytest.raises(SystemExit) as exit_:
+        evaluate.main([*argv, "--max-lost-share=0.25", "--quiet"])
+    assert exit_.value.code == exit_codes.ENV_OUTAGE
+    err = error_lines(capsys.readouterr().err)
+    assert err[-1].startswith(
+        "error: 2 of 4 episodes were lost to the environment, more than --max-lost-share"
+    )
+
+
+def test_a_retriever_that_finds_nothing_for_every_query_is_flagged():
+    from roleagent_jax.envs import get_family
+    from roleagent_jax.types import Step, Trajectory
+
+    family = get_family("search_qa")
+
+    def searched(found: bool) -> Trajectory:
+        obs = (
+            "<information>Doc 1(Title: T) text</information>"
+            if found
+            else "<information>No results.</information>"
+        )
+        step = Step("q", None, "<search>x</search>", "x", True, 0.0, obs, False)
+        return Trajectory(0, "bridge", "q", steps=[step, step])
+
+    assert family.warnings([searched(False)] * 2) == [
+        "the retriever returned no passage for any of 4 searches: check its index and corpus (retriever_url, corpus)"
+    ]
+    assert family.warnings([searched(False), searched(True)]) == []  # some queries found something
+    assert family.warnings([searched(False)]) == []  # two empty searches may be two bad queries
+
+
+def test_an_iteration_that_loses_too_many_episodes_stops_and_lost_rows_are_not_trained(tmp_path, monkeypatch):
+    """Training: a lost episode's steps are no PPO rows; past env.max_lost_share the iteration stops the
+    run (EnvironmentOutage, exit 3) before its update, so the last checkpoint stays the run's state."""
+    from test_trainer import tiny_config
+
+    from roleagent_jax import trainer as trainer_module
+    from roleagent_jax.envs.pool import EnvPool
+
+    config = tiny_config(tmp_path / "run", iterations=1)
+    step = EnvPool.step
+    lose = {"slots": {0}}
+
+    def failing_step(self, actions):
+        out = step(self, actions)
+        for slot in lose["slots"] & set(out):
+            out[slot] = EnvPool._failed("RetrieverUnavailable: down")
+        return out
+
+    monkeypatch.setattr(EnvPool, "step", failing_step)
+    trained = []
+    update = trainer_module.Trainer._update
+    monkeypatch.setattr(
+        trainer_module.Trainer,
+        "_update",
+        lambda self, rows, adv, it: trained.append(rows) or update(self, rows, adv, it),
+    )
+    t = trainer_module.Trainer(config)
+    try:
+        t.warm_start()
+        t.iteration(0)  # one of four episodes lost: within the share
+        assert trained and all(r.traj_id != 0 for r in trained[-1])
+        lose["slots"] = {0, 1, 2}
+        params = t.state.params
+        with pytest.raises(exit_codes.EnvironmentOutage, match="lost 3 of 4 episodes"):
+            t.iteration(1)
+        assert t.state.params is params and len(trained) == 1
+    finally:
+        t.close()
