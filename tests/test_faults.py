@@ -287,3 +287,16 @@ def test_an_iteration_that_loses_too_many_episodes_stops_and_lost_rows_are_not_t
         assert t.state.params is params and len(trained) == 1
     finally:
         t.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# pool sizes
+
+
+def test_more_tasks_per_iteration_than_the_training_pool_is_refused_before_any_work(tmp_path):
+    out = run_cmd(cli(tmp_path / "run", "--config.rollout.tasks_per_iter=12", *QUICK), 300)
+    assert out.returncode == exit_codes.USAGE, out.stderr[-3000:]
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "--config.rollout.tasks_per_iter=12" in lines[0], lines
+    assert "--config.env.gen.n_train) holds 4" in lines[0]
+    assert not (tmp_path / "run").exists()
