@@ -118,6 +118,10 @@ while :; do
   rc=0
   "${CMD[@]}" 2>&1 | tee -a "$LOG" || rc=$?
   (( rc == 0 )) && exit 0
+  if (( rc == 2 )); then  # refused or a fault an operator must fix (docs/scaling.md): a rerun fails the same way
+    echo "[gpu] trainer exited with 2: not restarting (see $LOG)" >&2
+    exit 2
+  fi
   attempt=$((attempt + 1))
   if (( attempt > MAX_RESTARTS )); then
     echo "[gpu] trainer exited with $rc (see $LOG)" >&2

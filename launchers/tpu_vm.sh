@@ -206,10 +206,10 @@ train_command() {
   [[ -n "$BUCKET" ]] && workdir="$MOUNT/$RUN_NAME"
   local cmd="set -o pipefail; cd $REMOTE_DIR && export ALFWORLD_DATA=\$HOME/alfworld"
   (( HOSTS > 1 )) && cmd+=" ROLEAGENT_DISTRIBUTED=auto"
-  cmd+=" && \$HOME/venv/bin/python -m roleagent_jax.main --config=$CONFIG"
-  [[ -n "$workdir" ]] && cmd+=" --config.workdir=$workdir"
+  cmd+=" && \$HOME/venv/bin/python -m roleagent_jax.main $(printf '%q' "--config=$CONFIG")"
+  [[ -n "$workdir" ]] && cmd+=" $(printf '%q' "--config.workdir=$workdir")"
   [[ -n "$HF_MODEL" ]] && cmd+=" --config.model.path=\$HOME/models/${HF_MODEL##*/}"
-  [[ -n "$MODEL_PATH" ]] && cmd+=" --config.model.path=$MODEL_PATH"
+  [[ -n "$MODEL_PATH" ]] && cmd+=" $(printf '%q' "--config.model.path=$MODEL_PATH")"
   local arg
   for arg in "${TRAINER_ARGS[@]+"${TRAINER_ARGS[@]}"}"; do cmd+=" $(printf '%q' "$arg")"; done
   cmd+=" 2>&1 | tee -a \$HOME/train.log"

@@ -5,7 +5,9 @@
 
 The panel is fixed: the pool's task list, every task exactly once, each task's randomness seeded by
 (seed, task id, step) so the result does not depend on worker count or batching. The last line printed
-is one JSON object: {"split", "n", "success", "per_type", ...}.
+on stdout is one JSON object: {"split", "n", "success", "per_type", "lost", ...}. Episodes lost to the
+environment (a retriever down, a crashed or hung worker) count in no rate; more than --max-lost-share of
+them exits 3 after the summary.
 
 A policy is any callable mapping a batch of `episodes.Turn` to response texts in the family's answer
 format; the shared episode loop parses them. `--env` picks the family (default alfworld); the family's

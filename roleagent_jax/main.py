@@ -12,7 +12,9 @@ may change on a resume).
 
 A mistake on the command line or in the files it names (an unknown key, a value out of range, a missing
 or corrupt model directory or checkpoint) ends with one line naming it and exit code 2; --debug shows
-the full traceback instead.
+the full traceback too. So do faults during the run: a workdir another run holds, a checkpoint that
+cannot be written, a full disk (2); too many episodes lost to the environment (3); SIGINT or SIGTERM
+(130, 143: the same command resumes). The codes are in roleagent_jax/config/exit_codes.py.
 
 Common settings (--config.<key>=<value>):
   workdir                            checkpoints, logs/metrics.jsonl and report/report.md go here
@@ -36,12 +38,27 @@ adding-an-environment.md).
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from roleagent_jax.config.files import config_error, fail
+from roleagent_jax.config.exit_codes import (
+    BUG,
+    ENV_OUTAGE,
+    USAGE,
+    EnvironmentOutage,
+    Interrupted,
+    disk_full,
+    interrupts,
+    say,
+)
+from roleagent_jax.config.files import config_error, error_lines, fail
+
+CLOSE_TIMEOUT_S = 600.0  # the last save of a large model may still be writing when a fault ends the run
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -71,10 +88,8 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         fail(f"unexpected arguments: {' '.join(argv[1:])} (settings are --config.<key>=<value>)")
     logging.set_verbosity(logging.WARNING)  # keep library INFO chatter (orbax, XLA) off the console
-    from roleagent_jax.run.checkpointing import CheckpointError  # heavy imports only once the flags are valid
-    from roleagent_jax.run.trainer import Trainer
+    from roleagent_jax.run.trainer import Trainer  # heavy imports only once the flags are valid
 
-    user_errors = (ValueError, CheckpointError, FileNotFoundError, NotADirectoryError, PermissionError)
     try:
         config = _CONFIG.value
         config.to_dict()  # a config file that failed to load raises on first use
@@ -82,19 +97,75 @@ def main(argv: list[str]) -> int:
         if _DEBUG.value:
             raise
         fail(config_error(err, sys.argv))
-    trainer = None
-    try:
-        trainer = Trainer(config, config_flags.get_config_filename(flags.FLAGS["config"]))
-        summary = trainer.run()
-    except user_errors as err:
-        if _DEBUG.value:
-            raise
-        fail(str(err))
-    finally:
-        if trainer is not None:
-            trainer.close()
+    if not _DEBUG.value:  # orbax logs each failed write with a traceback; the one line below names it
+        logging.get_absl_logger().addFilter(lambda record: "orbax" not in record.pathname)
+    trainer, summary, fault = None, None, None
+    with interrupts():
+        try:
+            trainer = Trainer(config, config_flags.get_config_filename(flags.FLAGS["config"]))
+            summary = trainer.run()
+        except BaseException as err:  # noqa: BLE001 - every fault ends in one line and its exit code
+            fault = err
+        closing = _close(trainer)
+    fault = fault or closing
+    if fault is not None:
+        code, line = outcome(fault, str(getattr(trainer, "workdir", config.workdir)))
+        if code == BUG or _DEBUG.value:
+            traceback.print_exception(fault)
+        if line:
+            say(line)
+        # Never a normal interpreter exit after a fault: orbax's non-daemon threads of a failed save
+        # wait forever at shutdown, and a restart loop would never see the exit.
+        sys.stdout.flush()
+        os._exit(code)
     print_summary(summary)
     return 0
+
+
+def _close(trainer) -> BaseException | None:
+    """Close the trainer within CLOSE_TIMEOUT_S (a save still in flight included); its failure, if any."""
+    if trainer is None:
+        return None
+    failure: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            trainer.close()
+        except BaseException as err:  # noqa: BLE001 - reported by the caller
+            failure.append(err)
+
+    thread = threading.Thread(target=close, name="close", daemon=True)
+    thread.start()
+    thread.join(CLOSE_TIMEOUT_S)
+    if thread.is_alive():
+        return TimeoutError(f"closing the run took over {CLOSE_TIMEOUT_S:.0f}s (a save that never ends)")
+    return failure[0] if failure else None
+
+
+def outcome(err: BaseException, workdir: str) -> tuple[int, str]:
+    """The exit code and the one line for a fault that ended the run (`exit_codes`)."""
+    from roleagent_jax.run.checkpointing import CheckpointError
+    from roleagent_jax.run.lock import WorkdirBusy
+
+    if isinstance(err, SystemExit):  # a refusal that already printed its line
+        return (err.code if isinstance(err.code, int) else USAGE), ""
+    if isinstance(err, Interrupted):
+        return err.code, (
+            f"stopped by {err}: the checkpoints in {workdir} are kept; run the same command to resume"
+        )
+    full = disk_full(err)
+    if full is not None:
+        where = f" ({full.filename})" if full.filename else ""
+        return USAGE, (
+            f"disk full writing to {workdir}{where}: {full.strerror}; nothing saved is lost: free space, "
+            "then run the same command to resume"
+        )
+    if isinstance(err, EnvironmentOutage):
+        return ENV_OUTAGE, f"{err}; the last checkpoint is kept: run the same command once it is back"
+    user = (ValueError, CheckpointError, WorkdirBusy, OSError, TimeoutError)
+    if isinstance(err, user):
+        return USAGE, error_lines(str(err) or type(err).__name__)
+    return BUG, ""
 
 
 def _percent(value: float | None) -> str:

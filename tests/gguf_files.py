@@ -73,23 +73,32 @@ def write_tiny(
     seed: int = 0,
     types: tuple[str, ...] = TYPES,
     tied: bool = False,
+    declared: dict | None = None,
 ) -> Path:
-    """A tiny model GGUF; the i-th matrix (embedding first) is stored as ``types[i % len(types)]``."""
+    """A tiny model GGUF; the i-th matrix (embedding first) is stored as ``types[i % len(types)]``.
+    `declared` overrides header values (block_count, vocab_size, embedding_length) whatever the tensors
+    hold, as a hostile file would."""
     import gguf
 
     rng = np.random.default_rng(seed)
     tokens, token_types = vocabulary()
     head_dim = HIDDEN // HEADS
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
+    header = {
+        "block_count": LAYERS,
+        "vocab_size": len(tokens),
+        "embedding_length": HIDDEN,
+        **(declared or {}),
+    }
+    w.add_block_count(header["block_count"])
     w.add_context_length(512)
-    w.add_embedding_length(HIDDEN)
+    w.add_embedding_length(header["embedding_length"])
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
+    w.add_vocab_size(header["vocab_size"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)

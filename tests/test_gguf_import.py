@@ -121,6 +121,38 @@ def test_cli_exits_2_with_one_line_and_leaves_nothing(tmp_path):
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "tiny.gguf"]
 
 
+HOSTILE_READ = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a header obeyed would need far more
+from roleagent_jax.models.gguf_import import GGUFError, read_gguf
+try:
+    read_gguf(sys.argv[1])
+except GGUFError as err:
+    print(err)
+"""
+
+
+@pytest.mark.parametrize(
+    "declared,needle",
+    [
+        ({"block_count": 10**9}, "declares block_count=1000000000, but the file holds tensors of 2 block(s)"),
+        ({"vocab_size": 10**9}, "model.embed_tokens.weight has shape"),
+        ({"embedding_length": 2**30}, "has shape"),
+    ],
+)
+def test_a_header_that_declares_more_than_the_file_holds_is_refused_before_allocating(
+    tmp_path, declared, needle
+):
+    """A 5 KB-scale file whose header declares 10**9 layers (or rows, or width) is refused from its
+    tensor headers, under a 3 GB address-space limit, without building anything of the declared size."""
+    path = write_tiny(tmp_path / "hostile.gguf", types=("F32",), declared=declared)
+    run = subprocess.run(
+        [sys.executable, "-c", HOSTILE_READ, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert str(path) in run.stdout and needle in run.stdout, run.stdout
+
+
 def test_llama_config_json_loads_and_refuses_what_it_cannot_run():
     base = dict(
         model_type="llama",

@@ -111,6 +111,36 @@ def test_tpu_single_host_copies_checkout_and_quotes_args():
     assert "--config.env.eval_splits=('valid_seen',)" in inner
 
 
+def test_tpu_paths_with_spaces_reach_the_trainer_intact():
+    """--workdir, --model-path and --config go into the remote shell command quoted."""
+    out = launch(
+        "tpu_vm.sh", "--dry-run", "--name", "one", "--zone", "z", "--accelerator", "v5litepod-8",
+        "--workdir", "/nfs/my runs/run 1", "--model-path", "/models/Qwen 1.5B", "--config", "configs/my config.py",
+    )  # fmt: skip
+    train = remote(gcloud(commands(out), "ssh")[-1])
+    inner = shlex.split(train.split("roleagent_jax.main", 1)[1].split("2>&1")[0])
+    assert "--config.workdir=/nfs/my runs/run 1" in inner
+    assert "--config.model.path=/models/Qwen 1.5B" in inner
+    assert "--config=configs/my config.py" in inner
+
+
+def test_gpu_launcher_does_not_restart_a_run_refused_with_exit_2(tmp_path):
+    """Exit 2 (a refusal, a full disk, a workdir in use) fails the same way on every rerun."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho run >> "$(dirname "$0")/runs"\nexit 2\n')
+    fake.chmod(0o755)
+    data = tmp_path / "alfworld"
+    (data / "json_2.1.1").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"ALFWORLD_DATA": str(data)}
+    out = subprocess.run(
+        ["bash", str(REPO / "launchers" / "gpu.sh"), "--gpus", "1", "--python", str(fake), "--max-restarts", "3",
+         "--log", str(tmp_path / "log.txt")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert (tmp_path / "runs").read_text().count("run") == 1 and "not restarting" in out.stderr
+
+
 def test_tpu_repo_clone_and_errors():
     out = launch(
         "tpu_vm.sh",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,13 @@ class AIWState:
     history: list[dict] = field(default_factory=list)  # one entry per round (JSON-friendly)
     index: TaskIndex | None = None  # the pool at pattern level, built on first use
 
+    @classmethod
+    def from_config(cls, pool, config, memory: FailureMemory) -> AIWState:
+        """A run's AIW state: a task sampler over `pool`'s tasks with the run's ``aiw`` settings and seed
+        (the task types feed `aiw.selection`), and its failure memory."""
+        sampler = TaskSampler.from_config(len(pool), config.aiw, seed=config.seed, task_types=pool.task_types)
+        return cls(sampler, memory)
+
     def state_dict(self) -> dict:
         return {
             "sampler": self.sampler.state_dict(),
@@ -46,6 +53,12 @@ class AIWState:
         self.sampler.load_state_dict(state["sampler"])
         self.memory.load_state_dict(state["memory"])
         self.history = [dict(h) for h in state["history"]]
+
+    def resume(self, state: dict, config: Mapping) -> list[str]:
+        """A checkpoint's state with the ``aiw`` section's sampler settings of the resumed run on top (the
+        command line may change them); returns each change as ``"key old -> new"``."""
+        self.load_state_dict(state)
+        return self.sampler.configure(config)
 
     def top_boosted(self, n: int = 10) -> list[str]:
         """Readable lines for the tasks the sampler currently favours most."""

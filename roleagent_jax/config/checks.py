@@ -69,6 +69,7 @@ def startup_errors(config: ConfigDict) -> list[str]:
         errors += _split_errors(config, family)
         errors += _warmstart_errors(config, family)
         errors += _branch_errors(config, family)
+        errors += pool_size_errors(config, family)
         if config.env.data_required:
             errors += _data_errors(config)
     if config.checkpoint.overwrite and config.checkpoint.resume:
@@ -105,6 +106,22 @@ def _workdir_errors(workdir: str) -> list[str]:
     if not os.access(existing, os.W_OK | os.X_OK):
         return [f"{flag}: {existing} is not writable"]
     return []
+
+
+def pool_size_errors(config: ConfigDict, family, train_pool_size: int | None = None) -> list[str]:
+    """An iteration draws `rollout.tasks_per_iter` distinct tasks of the training pool: more than the pool
+    holds fails at the first draw, after the games and the warm start. A generated pool's size is known
+    from the config; a real split's (`train_pool_size`) once its file is read, before any game is played."""
+    if train_pool_size is None and config.env.train_split in family.generated_splits:
+        train_pool_size, source = config.env.gen.n_train, "--config.env.gen.n_train"
+    else:
+        source = f"env.train_split={config.env.train_split!r}"
+    if train_pool_size is None or config.rollout.tasks_per_iter <= train_pool_size:
+        return []
+    return [
+        f"--config.rollout.tasks_per_iter={config.rollout.tasks_per_iter}: each iteration draws that many "
+        f"distinct tasks, but the training pool ({source}) holds {train_pool_size}; lower it or enlarge the pool"
+    ]
 
 
 def _warmstart_errors(config: ConfigDict, family) -> list[str]:

@@ -16,10 +16,15 @@ from roleagent_jax.config.checks import renamed_key_error
 USAGE_EXIT = 2
 
 
-def fail(message: str) -> NoReturn:
-    """One line per problem (a config with several bad keys names each on its own line), exit code 2."""
+def error_lines(message: str) -> str:
+    """One `error:` line per problem (a config with several bad keys names each on its own line)."""
     lines = message.removeprefix("invalid configuration:\n").split("\n")
-    print("\n".join(f"error: {line.strip()}" for line in lines), file=sys.stderr)
+    return "\n".join(f"error: {line.strip()}" for line in lines)
+
+
+def fail(message: str) -> NoReturn:
+    """`error_lines(message)` on stderr, exit code 2."""
+    print(error_lines(message), file=sys.stderr)
     sys.exit(USAGE_EXIT)
 
 

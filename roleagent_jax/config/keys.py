@@ -76,6 +76,9 @@ ENV = Section("env", "the scenario family, its splits and its workers", [
     Key("history_k", 2, "earlier steps shown in the prompt", ge=0),
     Key("num_workers", 8, "environment worker processes", ge=1),
     Key("step_timeout", 60.0, "seconds one environment step may take", gt=0.0),
+    Key("max_lost_share", 0.5, "share of an iteration's or evaluation's episodes that may be lost to the "
+        "environment (a retriever down, a crashed or hung worker) before the run stops, exit 3",
+        ge=0.0, le=1.0),
     Section("gen", "the family's generated splits (ALFWorld: gen_seen / gen_unseen)", [
         Key("dir", "", 'where generated tasks go ("" = <workdir>/games); share it between runs'),
         Key("n_train", 64, "tasks generated for training", ge=1),

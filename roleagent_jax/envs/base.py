@@ -399,6 +399,12 @@ class Family:
         second search and on the others). Default: {} (the summary then has no such field)."""
         return {}
 
+    def warnings(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """What the episodes show wrong with the environment rather than the agent, one line each, for
+        the evaluation summary and the training log (search QA: a retriever that found nothing for any
+        query). Default: none."""
+        return []
+
     # -------------------------------------------------------------- WIA
 
     def predictor_prompt(

@@ -182,9 +182,20 @@ def play(
     return Played(trajs, time_env)
 
 
+def counted(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The episodes the agent played to an outcome: those lost to their environment (a crashed or hung
+    worker, a retriever that failed) are no loss of the agent's and count in no rate."""
+    return [t for t in trajs if not t.env_failed]
+
+
+def lost_share(trajs: Sequence[Trajectory]) -> float:
+    return sum(t.env_failed for t in trajs) / len(trajs) if trajs else 0.0
+
+
 def success_summary(trajs: Sequence[Trajectory], task_types: Sequence[str]) -> dict[str, float]:
     """Success per task type (the family's canonical order; types it does not list follow, sorted), then
-    "all" over every trajectory."""
+    "all", over the episodes not lost to their environment (`counted`)."""
+    trajs = counted(trajs)
     by_type: dict[str, list[float]] = defaultdict(list)
     for tr in trajs:
         by_type[tr.task_type].append(float(tr.won))
@@ -195,8 +206,8 @@ def success_summary(trajs: Sequence[Trajectory], task_types: Sequence[str]) -> d
 
 
 def failed_games(trajs: Sequence[Trajectory], pool: TaskPool) -> list[dict[str, str]]:
-    """The episodes whose environment failed, by task name and reason (they count as losses, so a
-    reader must be able to tell a broken game from a lost one)."""
+    """The episodes whose environment failed, by task name and reason (kept out of every rate, and
+    listed so a reader sees which games an outage took)."""
     return [
         {"task": str(pool[t.task_id].id), "reason": t.env_error or "environment failed"}
         for t in trajs

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
+from roleagent_jax.config import CONFIG, exit_codes
 from roleagent_jax.config.schema import option_errors
 from roleagent_jax.envs.base import Family
 from roleagent_jax.envs.registry import get_family, registered
@@ -137,6 +138,13 @@ def build_parser(family: Family | None = None) -> argparse.ArgumentParser:
         "--step-timeout", type=float, default=60.0, help="seconds before a silent worker is restarted"
     )
     p.add_argument(
+        "--max-lost-share",
+        type=float,
+        default=CONFIG.default("env.max_lost_share"),
+        help="share of the episodes that may be lost to the environment (retriever down, crashed or hung "
+        "workers; they count in no rate) before the command exits 3 (default %(default)s)",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         default=None,
@@ -179,6 +187,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value}: must be >= {low}")
     if args.step_timeout <= 0:
         raise ValueError(f"--step-timeout={args.step_timeout}: must be > 0")
+    if not 0.0 <= args.max_lost_share <= 1.0:
+        raise ValueError(f"--max-lost-share={args.max_lost_share}: must be between 0 and 1")
     if args.temperature < 0:
         raise ValueError(f"--temperature={args.temperature}: must be >= 0")
     if args.episodes is not None:
@@ -358,6 +368,16 @@ def main(argv: list[str] | None = None) -> dict:
         if summary.get("behaviour"):
             print(f"{'behaviour':34s} {behaviour_text(summary['behaviour'])}")
         for game in summary["failed_games"]:
-            print(f"environment failed (counted as a loss): {game['task']}: {game['reason']}")
+            print(f"lost to the environment (not counted): {game['task']}: {game['reason']}")
+    for line in summary.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
     print(json.dumps(summary), flush=True)
+    if summary["lost_share"] > args.max_lost_share:
+        print(
+            f"error: {summary['lost']} of {summary['lost'] + summary['n']} episodes were lost to the "
+            f"environment, more than --max-lost-share={args.max_lost_share}: the figures above are not "
+            "the policy's",
+            file=sys.stderr,
+        )
+        raise SystemExit(exit_codes.ENV_OUTAGE)
     return summary

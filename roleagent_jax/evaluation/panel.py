@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from roleagent_jax.envs.base import Family, TaskPool
-from roleagent_jax.envs.episodes import Move, Turn, failed_games, play, success_summary
+from roleagent_jax.envs.episodes import Move, Turn, counted, failed_games, lost_share, play, success_summary
 from roleagent_jax.envs.pool import EnvPool
 from roleagent_jax.types import Trajectory
 
@@ -93,10 +93,15 @@ def summarize(
     summary of an evaluation, for this command, the trainer's evaluations and the report. Families that
     score episodes (`Observation.score`) also get `score_name` and the mean score under that name, its
     standard error (`<score_name>_se`) and the mean per type (`per_type_<score_name>`); an episode that
-    ended without a score counts 0. With the pool, the games whose environment failed, by name and reason.
-    `wins` lists each game's outcome in task-id order, so two evaluations of the same games pair up (the paired
+    ended without a score counts 0. Episodes lost to their environment (a crashed or hung worker, a
+    retriever that failed) are in no rate: `n` counts the others, `lost` and `lost_share` the lost ones,
+    and with the pool `failed_games` names them with the reason. `wins` lists each game's outcome in
+    task-id order (None for a lost one), so two evaluations of the same games pair up (the paired
     difference's standard error, a fixed subset's rate). With the family and the pool, `behaviour` holds
-    the family's rates of what the episodes did (`Family.behaviour`), where it reports any."""
+    the family's rates of what the episodes did (`Family.behaviour`), where it reports any, and
+    `warnings` what it finds wrong with the environment (`Family.warnings`)."""
+    played = trajs
+    trajs = counted(played)
     per_type = success_summary(trajs, task_types)
     del per_type["all"]
     n = len(trajs)
@@ -108,11 +113,12 @@ def summarize(
         "success": sum(t.won for t in trajs) / max(n, 1),
         "per_type": per_type,
         "count_per_type": {k: sum(t.task_type == k for t in trajs) for k in per_type},
-        "env_failed": sum(t.env_failed for t in trajs),
-        "failed_games": failed_games(trajs, pool) if pool is not None else [],
+        "lost": len(played) - n,
+        "lost_share": lost_share(played),
+        "failed_games": failed_games(played, pool) if pool is not None else [],
         "invalid_rate": invalid / max(steps, 1),
         "mean_steps": steps / max(n, 1),
-        "wins": [int(t.won) for t in sorted(trajs, key=lambda t: t.task_id)],
+        "wins": [None if t.env_failed else int(t.won) for t in sorted(played, key=lambda t: t.task_id)],
     }
     if any(t.score is not None for t in trajs):
         scores = {k: [t.score or 0.0 for t in trajs if t.task_type == k] for k in per_type}
@@ -124,6 +130,9 @@ def summarize(
     behaviour = family.behaviour(trajs, pool) if family is not None and pool is not None else {}
     if behaviour:
         out["behaviour"] = dict(behaviour)
+    warnings = family.warnings(played) if family is not None else []
+    if warnings:
+        out["warnings"] = list(warnings)
     return out
 
 

@@ -169,25 +169,49 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise GGUFError(f"{path}: architecture {arch!r} is not supported (only {', '.join(ARCHITECTURES)})")
     names = {t.name for t in reader.tensors}
     cfg = _config(path, meta, arch, tied="output.weight" not in names)
+    shapes = _declared_shapes(path, cfg, reader.tensors)
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
+        hf = _hf_name(path, t.name, cfg.num_hidden_layers)
+        shape = shapes[hf]
+        try:
+            w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        except Exception as err:
+            raise GGUFError(
+                f"{path}: tensor {t.name} ({t.tensor_type.name}) cannot be decoded ({err})"
+            ) from None
+        if arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+            heads = cfg.num_attention_heads if "attn_q" in t.name else cfg.num_key_value_heads
+            w = _unpermute(w, heads)
+        tensors[hf] = w
+    return GGUFModel(cfg, tensors, meta)
+
+
+def _declared_shapes(path: Path, cfg: Qwen2Config, infos) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> shape of every tensor the file really holds (from its tensor headers, nothing
+    decoded), checked against the metadata first: a header that declares more layers, a wider model or
+    a larger vocabulary than the file's tensors is refused before anything of that size is allocated."""
+    blocks = {
+        int(t.name.split(".")[1])
+        for t in infos
+        if t.name.startswith("blk.") and t.name.split(".")[1].isdigit()
+    }
+    if cfg.num_hidden_layers != len(blocks):
+        raise GGUFError(
+            f"{path}: metadata declares block_count={cfg.num_hidden_layers}, but the file holds tensors of "
+            f"{len(blocks)} block(s)"
+        )
+    shapes = {}
+    for t in infos:
         kind = t.tensor_type.name
         if kind not in TENSOR_TYPES:
             raise GGUFError(
                 f"{path}: tensor {t.name} has type {kind}, not supported ({', '.join(TENSOR_TYPES)})"
             )
-        hf = _hf_name(path, t.name, cfg.num_hidden_layers)
-        shape = tuple(int(d) for d in reversed(t.shape))  # ggml lists dimensions innermost first
-        try:
-            w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        except Exception as err:
-            raise GGUFError(f"{path}: tensor {t.name} ({kind}) cannot be decoded ({err})") from None
-        if arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
-            heads = cfg.num_attention_heads if "attn_q" in t.name else cfg.num_key_value_heads
-            w = _unpermute(w, heads)
-        tensors[hf] = w
-    _check_shapes(path, cfg, tensors)
-    return GGUFModel(cfg, tensors, meta)
+        # ggml lists dimensions innermost first
+        shapes[_hf_name(path, t.name, cfg.num_hidden_layers)] = tuple(int(d) for d in reversed(t.shape))
+    _check_shapes(path, cfg, shapes)
+    return shapes
 
 
 def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
@@ -216,13 +240,13 @@ def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _check_shapes(path: Path, cfg: Qwen2Config, tensors: dict[str, np.ndarray]) -> None:
+def _check_shapes(path: Path, cfg: Qwen2Config, shapes: dict[str, tuple[int, ...]]) -> None:
     want = expected_shapes(cfg)
     for name, shape in want.items():
-        if name not in tensors:
+        if name not in shapes:
             raise GGUFError(f"{path}: tensor for {name} is missing")
-        if tensors[name].shape != shape:
-            raise GGUFError(f"{path}: {name} has shape {tensors[name].shape}, the metadata implies {shape}")
-    extra = sorted(set(tensors) - set(want))
+        if shapes[name] != shape:
+            raise GGUFError(f"{path}: {name} has shape {shapes[name]}, the metadata implies {shape}")
+    extra = sorted(set(shapes) - set(want))
     if extra:
         raise GGUFError(f"{path}: unexpected tensor {extra[0]} for a {cfg.model_type} model")

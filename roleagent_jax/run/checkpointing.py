@@ -130,8 +130,13 @@ class Checkpointer:
 
     def _finish_pending(self) -> None:
         """Wait for the last save and check that its step is on disk: orbax only logs a failed write."""
-        self._manager.wait_until_finished()
         step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - the background write failed: name it, keep its cause
+            raise CheckpointError(
+                f"checkpoint step {step} could not be written to {self.directory}: {_reason(err)}"
+            ) from err
         if step is None:
             return
         self._manager.reload()
@@ -230,6 +235,14 @@ class Checkpointer:
         self._manager.reload()
 
     def wait(self) -> None:
+        self._finish_pending()
+
+    def check(self) -> None:
+        """Raise now if the last background save has finished and failed; return at once while it still
+        runs. A failure is seen at the next iteration, not `checkpoint.every` iterations later. On
+        several processes the check waits at the next save instead (its barrier needs all of them)."""
+        if self._pending is None or jax.process_count() > 1 or self._manager.is_saving_in_progress():
+            return
         self._finish_pending()
 
     def close(self) -> None:

@@ -10,8 +10,9 @@ from ml_collections import ConfigDict
 
 from roleagent_jax.envs import Family, TaskPool
 from roleagent_jax.evaluation.panel import summarize
+from roleagent_jax.run.outages import check_environment
 from roleagent_jax.run.rollout import collect_all
-from roleagent_jax.run.setup import env_pool, print_failed, say
+from roleagent_jax.run.setup import env_pool, say
 from roleagent_jax.types import RolloutSettings
 
 
@@ -25,7 +26,8 @@ def evaluate_split(
     settings: RolloutSettings,
     limit: int = 0,
 ) -> dict:
-    """The summary of `split`'s first `limit` games (0: all) played with `generate`."""
+    """The summary of `split`'s first `limit` games (0: all) played with `generate`; an outage past
+    `env.max_lost_share` stops the run (`outages.check_environment`)."""
     c = config
     ids = list(range(len(pool)))[: limit or None]
     say(c, f"evaluation: playing {len(ids)} {split} games")
@@ -34,5 +36,5 @@ def evaluate_split(
     )
     with env_pool(c, family, pool) as envs:
         result = collect_all(generate, family, envs, ids, ids, tokenizer, plain, c.seed)
-    print_failed(f"evaluation on {split}", result.trajectories, pool)
+    check_environment(f"evaluation on {split}", result.trajectories, pool, family, c)
     return summarize(split, result.trajectories, family.task_types, family.score_name, pool, family)

@@ -19,6 +19,7 @@ from roleagent_jax.config import CONFIG, PATH_KEYS
 from roleagent_jax.config.schema import family_options, lookup
 from roleagent_jax.envs.registry import get_family
 from roleagent_jax.run.checkpointing import claim_workdir, write_json
+from roleagent_jax.run.lock import WorkdirLock, check_free
 
 RUN_FILE = "run.json"
 # Dotted keys, or sections (every key under them), that a resumed run may set differently.
@@ -37,6 +38,7 @@ RESUMABLE = (
     "env.eval_splits",
     "env.num_workers",
     "env.step_timeout",
+    "env.max_lost_share",
     "env.gen.dir",
     "rollout.backend",
     "rollout.max_rows_per_call",
@@ -99,20 +101,25 @@ def check_resume(workdir: Path, record: dict) -> None:
     )
 
 
-def open_workdir(workdir: Path, config: ConfigDict, config_file: str, is_main: bool) -> None:
+def open_workdir(workdir: Path, config: ConfigDict, config_file: str, is_main: bool) -> WorkdirLock | None:
     """Claim `workdir` for the run of `config`: refused when it holds another run (unless
-    `checkpoint.overwrite` moves that one aside) or cannot be made; process 0 writes the record."""
+    `checkpoint.overwrite` moves that one aside), when another live run holds its lock (`lock`), or when it
+    cannot be made; process 0 takes the lock and writes the record. Returns the lock (None elsewhere)."""
     c = config
     record = run_record(c, config_file)
     if not c.checkpoint.overwrite:
         check_resume(workdir, record)
+    check_free(workdir)  # a workdir another live run holds is neither resumed nor moved aside
     claim_workdir(workdir, c.checkpoint.resume, c.checkpoint.overwrite)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"--config.workdir={c.workdir!r}: cannot make it ({err.strerror or err})") from err
-    if is_main:
-        write_record(workdir, record)
+    if not is_main:
+        return None
+    lock = WorkdirLock(workdir)
+    write_record(workdir, record)
+    return lock
 
 
 def write_record(workdir: Path, record: dict) -> None:

@@ -42,7 +42,10 @@ def paired_difference(before: dict, after: dict) -> tuple[float, float] | None:
     b, a = before.get("wins"), after.get("wins")
     if not b or not a or len(a) != len(b):
         return None
-    d = np.asarray(a, float) - np.asarray(b, float)
+    pairs = [(x, y) for x, y in zip(b, a, strict=True) if x is not None and y is not None]  # lost: out
+    if not pairs:
+        return None
+    d = np.asarray([y - x for x, y in pairs], float)
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
@@ -119,8 +122,9 @@ def curve_series(
         points = dict(zip(steps, values, strict=True))
         for step, when in ((0, "before"), (iterations, "after")):
             wins = evals.get(when, {}).get(split, {}).get("wins")
-            if n and wins and len(wins) >= n:
-                points[step] = float(np.mean(wins[:n]))
+            played = [w for w in (wins or [])[:n] if w is not None]  # the games not lost to the environment
+            if n and wins and len(wins) >= n and played:
+                points[step] = float(np.mean(played))
         lines[f"{split} (the first {n} games)" if n else split] = (
             sorted(points),
             [points[k] for k in sorted(points)],

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from roleagent_jax.aiw import FailureMemory
 from roleagent_jax.backends import make_backend
 from roleagent_jax.config import family_options
+from roleagent_jax.config.checks import pool_size_errors
 from roleagent_jax.envs import EnvPool, Family, TaskPool
 from roleagent_jax.envs.episodes import failed_games
 from roleagent_jax.evaluation.trained_settings import GEN_SEED_OFFSETS
@@ -51,17 +52,26 @@ def say(config: ConfigDict, text: str) -> None:
 
 
 def print_failed(where: str, trajs: list[Trajectory], pool: TaskPool) -> None:
-    """Name each game whose environment failed (it counts as a loss) and why."""
+    """Name each game lost to its environment (counted in no rate) and why."""
     for game in failed_games(trajs, pool):
-        print(
-            f"{where}: environment failed (counted as a loss): {game['task']}: {game['reason']}", flush=True
-        )
+        print(f"{where}: lost to the environment (not counted): {game['task']}: {game['reason']}", flush=True)
 
 
 def env_pool(config: ConfigDict, family: Family, pool: TaskPool, max_steps: int | None = None) -> EnvPool:
     c = config.env
     return EnvPool(family, pool, num_workers=c.num_workers, step_timeout=c.step_timeout,
                    max_steps=max_steps or c.max_steps)  # fmt: skip
+
+
+def train_pool(config: ConfigDict, family: Family, workdir: Path) -> TaskPool:
+    """The RL pool, refused in config words when an iteration would draw more distinct tasks than it
+    holds (`config.checks.pool_size_errors`; a real split's size is known once it is read), before any
+    game is played or the warm start runs."""
+    pool = make_task_pool(config, family, config.env.train_split, workdir, "train")
+    sizes = pool_size_errors(config, family, len(pool))
+    if sizes:
+        raise ValueError(sizes[0])
+    return pool
 
 
 def make_task_pool(config: ConfigDict, family: Family, split: str, workdir: Path, purpose: str) -> TaskPool:

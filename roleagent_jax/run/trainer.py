@@ -36,8 +36,10 @@ from roleagent_jax.rl.optimizer import TrainState
 from roleagent_jax.rl.update import pack_multiple, ppo_update
 from roleagent_jax.run import setup
 from roleagent_jax.run.checkpointing import Checkpointer, write_json
+from roleagent_jax.run.closing import close_all
 from roleagent_jax.run.evaluation_phase import evaluate_split
 from roleagent_jax.run.metrics import MetricLogger, eval_metrics, iteration_metrics
+from roleagent_jax.run.outages import check_environment
 from roleagent_jax.run.record import open_workdir
 from roleagent_jax.run.rollout import collect_all
 from roleagent_jax.sampling import SamplingParams
@@ -56,21 +58,24 @@ class Trainer:
         self.config_file = config_file  # recorded in the workdir, named when another run resumes there
         self.workdir = Path(c.workdir).absolute()
         fresh = not self.workdir.exists()
+        self.lock = None  # the workdir's lock, once claimed (`record.open_workdir`)
         try:
             self._build(c)
-        except Exception:  # refused or failed while building: a new run leaves no half-made workdir
-            if fresh and jax.process_index() == 0:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+        except BaseException:  # refused or failed while building: a new run leaves no half-made workdir
+            if self.lock is not None:  # claimed by this run (process 0)
+                self.lock.release()
+                if fresh:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
             raise
 
     def _build(self, c: ConfigDict) -> None:
         family = get_family(c.env.name)
         self.family = family.configured(family_options(c, family))  # its protocol, prompt and rules
         self.is_main = jax.process_index() == 0
-        open_workdir(self.workdir, c, self.config_file, self.is_main)
+        self.lock = open_workdir(self.workdir, c, self.config_file, self.is_main)
         self.mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
         self.settings = RolloutSettings.from_config(c)
-        self.train_pool = setup.make_task_pool(c, self.family, c.env.train_split, self.workdir, "train")
+        self.train_pool = setup.train_pool(c, self.family, self.workdir)
         # Made now, so a split that cannot be built stops the run before any work (and they are reused).
         self.eval_pools = {s: self._eval_pool(s) for s in c.env.eval_splits}
         self.envs = setup.env_pool(c, self.family, self.train_pool)
@@ -88,10 +93,10 @@ class Trainer:
         # The KL reference: the warm-started model; with LoRA the base itself (no second copy).
         self.kl = c.loss.kl_type != "none" and c.loss.kl_coef > 0
         self.weights.keep_reference(params, self.kl)
-        self.task_sampler = aiw.TaskSampler.from_config(
-            len(self.train_pool), c.aiw, seed=c.seed, task_types=self.train_pool.task_types
+        self.aiw_state = aiw.AIWState.from_config(
+            self.train_pool, c, setup.failure_memory(self.workdir, resuming)
         )
-        self.aiw_state = aiw.AIWState(self.task_sampler, setup.failure_memory(self.workdir, resuming))
+        self.task_sampler = self.aiw_state.sampler
         self.host = {"iteration": 0, "warm_started": False, "eval": {}, "sft_losses": [], "sampled_tasks": []}
         self.host.update(self.weights.host_state())  # with LoRA: the base its adapters belong to
         history = self._restore() if resuming else None
@@ -131,7 +136,7 @@ class Trainer:
             seed=c.seed, iteration=it,
         )  # fmt: skip
         times = {"rollout": time.perf_counter() - t0}
-        setup.print_failed(f"iteration {it}", result.trajectories, self.train_pool)
+        check_environment(f"iteration {it + 1}", result.trajectories, self.train_pool, self.family, c)
         opener = opener_metrics(self.family.action_openers, self.tokenizer, result.branch_prompts,
                                 lambda b: self.logprobs(b, self.policy_params()), c.train.mini_batch_rows, times)  # fmt: skip
         rows, adv, metrics = shaped_advantages(
@@ -199,12 +204,12 @@ class Trainer:
         save_pretrained(  # the KL reference (with LoRA: the base) of a resumed run
             nnx.merge(graphdef, params), self.workdir / "hf_warmstart", tokenizer=self.tokenizer
         )
-        self._write_prompt_settings(self.workdir / "hf_warmstart")
+        if self.is_main:  # what `evaluate --checkpoint` plays the tasks with (`trained_settings`)
+            write_settings(self.workdir / "hf_warmstart", run_settings(c, self.family.options))
         self.host.update(warm_started=True, sft_losses=losses)
 
     def evaluate(self, split: str, limit: int = 0) -> dict:
-        """Every game of `split` once (fixed panel), sampled at the eval temperature (`evaluation_phase`):
-        success per type, the family's score and behaviour rates, diagnostics."""
+        """Every game of `split` once, at the eval decoding: `evaluation_phase.evaluate_split`'s summary."""
         c = self.config
         gen = self.generate_fn(
             SamplingParams(temperature=c.eval.temperature, greedy=c.eval.greedy),
@@ -240,6 +245,7 @@ class Trainer:
                     metrics.update(eval_metrics(split, summary))
             self.host["iteration"] = it + 1
             self.logger.log(it + 1, metrics, echo=not c.log.progress)
+            self.ckpt.check()  # a background save that failed stops the run now, not at the next save
             bar.set_postfix(success=f"{metrics['train/success/all']:.2f}", ret=f"{metrics['train/return']:.2f}")  # fmt: skip
             if c.checkpoint.every and (it + 1) % c.checkpoint.every == 0:
                 self.save()
@@ -256,20 +262,14 @@ class Trainer:
 
         final_dir = self.workdir / "hf_final"
         self.weights.export(self.state.params, final_dir, self.tokenizer, fix_modes=self.is_main)
-        self._write_prompt_settings(final_dir)
         summary = {"workdir": str(self.workdir), "algo": self.config.algo, "eval": self.host["eval"],
                    "final_model": str(final_dir)}  # fmt: skip
         if self.is_main:
+            write_settings(final_dir, run_settings(self.config, self.family.options))
             report = write_report(self.workdir, self.config, self.logger.history, self.host, self.aiw_state)
             summary["report"] = str(report)
             write_json(self.workdir / "summary.json", summary)
         return summary
-
-    def _write_prompt_settings(self, directory: Path) -> None:
-        """roleagent.json beside exported weights, so `evaluate --checkpoint` plays the run's tasks with
-        its prompts and decoding (`trained_settings`)."""
-        if self.is_main:
-            write_settings(directory, run_settings(self.config, self.family.options))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -282,8 +282,7 @@ class Trainer:
         ones, and the KL reference (or LoRA base) is reloaded from where the run exported it."""
         c = self.config
         self.state, host = self.ckpt.restore(self.state)
-        self.aiw_state.load_state_dict(host.pop("aiw"))
-        changed = self.task_sampler.configure(c.aiw)
+        changed = self.aiw_state.resume(host.pop("aiw"), c.aiw)
         if changed and self.is_main:
             print("task sampler settings from the command line: " + ", ".join(changed), flush=True)
         history = host.pop("history")
@@ -295,6 +294,7 @@ class Trainer:
         return history
 
     def close(self) -> None:
-        self.ckpt.close()
-        self.envs.close()
-        self.logger.close()
+        """The checkpointer (awaiting its last save), the environments, the logger and the workdir's lock,
+        each closed whatever failed before it (`closing.close_all`)."""
+        parts = [getattr(self, name, None) for name in ("ckpt", "envs", "logger")]
+        close_all([p.close if p is not None else None for p in parts] + [self.lock and self.lock.release])

@@ -24,11 +24,13 @@ def shaped_advantages(
     config: Any,
     times: dict[str, float],
 ) -> tuple[list[Row], np.ndarray, dict[str, float]]:
-    """The rows to train on, their advantages, WIA's metrics and where the signal is
-    (`group_signal.signal_metrics`); with ``train.drop_flat_groups`` the task groups without any
-    advantage are left out. ``config`` is the run's; the seconds of the WIA and advantage passes go
-    into ``times``."""
+    """The rows to train on (none of an episode lost to its environment), their advantages, WIA's
+    metrics and where the signal is (`group_signal.signal_metrics`); with ``train.drop_flat_groups`` the
+    task groups without any advantage are left out. ``config`` is the run's; the seconds of the WIA and
+    advantage passes go into ``times``."""
     c, metrics, multiplier = config, {}, None
+    lost = {t.traj_id for t in trajectories if t.env_failed}  # the environment's loss, not the agent's
+    rows = [r for r in rows if r.traj_id not in lost]
     start = time.perf_counter()
     if c.wia.mode != "off" and rows:
         multiplier, wia_metrics = wia_multipliers(

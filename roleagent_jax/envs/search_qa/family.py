@@ -31,7 +31,7 @@ from typing import Any
 
 from roleagent_jax.envs.base import Admissible, Family, History, Observation, PoolRequest, Task, TaskPool
 from roleagent_jax.envs.search_qa import baselines, heuristic, prompts, second_search, taxonomy
-from roleagent_jax.envs.search_qa.corpus import Retriever, write_corpus
+from roleagent_jax.envs.search_qa.corpus import NO_RESULTS, Retriever, write_corpus
 from roleagent_jax.envs.search_qa.engine import MAX_TURNS, TOPK, WIN_REWARD, WORDINGS, SearchQAEnv
 from roleagent_jax.envs.search_qa.http_retriever import REQUESTS
 from roleagent_jax.envs.search_qa.kb import KBSize, generate_kb
@@ -58,6 +58,7 @@ class QAPayload:
     wording: str = "search_r1"
 
 
+EMPTY_RETRIEVER_SEARCHES = 4  # fewer empty searches in a row may be bad queries; more mean a broken retriever
 _RETRIEVERS: dict[tuple, Retriever] = {}  # per process: one retriever per spec, built on first use
 
 
@@ -338,6 +339,23 @@ class SearchQA(Family):
         two or more searches and on the others (`second_search.second_search_rates`); tasks without a
         plan (real data sets) are left out."""
         return second_search.second_search_rates(trajs, pool.expert_plans)
+
+    def warnings(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """A retriever that found nothing for every one of several queries is broken (an empty index, a
+        wrong corpus), not a run of bad queries: its episodes can only fail, and would teach the policy
+        that searching never helps."""
+        found = [
+            s.next_observation != f"<information>{NO_RESULTS}</information>"
+            for t in trajs
+            for s in t.steps
+            if s.next_observation.startswith("<information>")
+        ]
+        if len(found) < EMPTY_RETRIEVER_SEARCHES or any(found):
+            return []
+        return [
+            f"the retriever returned no passage for any of {len(found)} searches: check its index and "
+            "corpus (retriever_url, corpus)"
+        ]
 
     # ------------------------------------------------------------------ AIW
 
