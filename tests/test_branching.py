@@ -20,8 +20,9 @@ from roleagent_jax.models import Qwen2Config, Qwen2ForCausalLM
 from roleagent_jax.models.tokenizer import PromptEncoder, train_bpe_tokenizer
 from roleagent_jax.rl.logprobs import make_logprob_fn
 from roleagent_jax.rl.ppo import pack_rows, ppo_batch
+from roleagent_jax.run.branching import branch_slots, last_slots
 from roleagent_jax.run.metrics import branch_success
-from roleagent_jax.run.rollout import branch_slots, collect, last_slots
+from roleagent_jax.run.rollout import collect
 from roleagent_jax.sampling import Sampler, SampleResult, SamplingParams
 from roleagent_jax.types import RolloutSettings
 

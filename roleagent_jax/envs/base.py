@@ -393,16 +393,13 @@ class Family:
     # -------------------------------------------------------------- evaluation
 
     def behaviour(self, trajs: Sequence[Trajectory], pool: TaskPool) -> dict[str, float]:
-        """Rates of what the episodes did, by the family's own measure, for the evaluation summary
-        (its `behaviour` field): name -> a rate (a float) or a count (an int), each episode's task being
-        `pool[traj.task_id]` (search QA: how often an episode searched twice, on the tasks that need a
-        second search and on the others). Default: {} (the summary then has no such field)."""
+        """The evaluation summary's `behaviour`: name -> a rate or a count of what the episodes did (task
+        `pool[traj.task_id]`; search QA: second searches where one is needed and elsewhere). Default: {}."""
         return {}
 
     def warnings(self, trajs: Sequence[Trajectory]) -> list[str]:
-        """What the episodes show wrong with the environment rather than the agent, one line each, for
-        the evaluation summary and the training log (search QA: a retriever that found nothing for any
-        query). Default: none."""
+        """What the episodes show wrong with the environment, not the agent, one line each (search QA: a
+        retriever that found nothing for any query). Default: none."""
         return []
 
     # -------------------------------------------------------------- WIA
