@@ -3,25 +3,25 @@
     python -m roleagent_jax.models.smollm2                                   # once: fetch and convert
     python -m roleagent_jax.main --config=configs/search_qa_smol.py
 
-The checkpoint's own tokenizer and chat template frame every prompt. A short warm start (one epoch
-over the expert's turns on 50 training questions, batch 4, lr 5e-5) teaches the search and answer
-format; each target ends with the end-of-turn token, so an answer stops there (no stop string ends
-it). Then Role-Agent RL (GiGPO + WIA + AIW with the heuristic analyser) trains rank-16 LoRA adapters
-on the top 8 layers. Evaluation runs before and after RL on 192 held-out questions, greedy.
+The checkpoint's own tokenizer and chat template frame every prompt. A warm start (0.95 epoch over
+the expert's turns on 200 training questions, the two-search episodes three times, batch 4, lr 5e-5)
+teaches the search and answer format and the second search; each target ends with the end-of-turn
+token, so an answer stops there (no stop string ends it). Then Role-Agent RL (GiGPO + WIA + AIW with
+the heuristic analyser) trains rank-16 LoRA adapters on the top 8 layers. Evaluation runs before and
+after RL on 192 held-out questions, greedy.
 
 Why the compact prompt and not the reference template: on the warm start's rows the reference
 template costs 342 tokens a row against 217 for the compact one (the passages are short, so cutting
 them saves nothing), and on this CPU every token is time. The compact prompt is the one the 56% first
 try (PyTorch, same rows) was measured with.
 
-Measured (docs/experiments.md, 2-core CPU): the warm start takes about 13 minutes and reaches 59.4% EM
-greedy on the 192 held-out questions (bridge 46.8%); each RL iteration about 170 s on an idle machine
-(generation ~70 s, update ~95 s). RL does not yet improve held-out EM: after 10 iterations 58.9%
-(paired -0.5 +- 2.2 points, seed 0; gigpo 56.8%, -2.6 +- 2.9; at lr 2e-3 58.3%, -1.0 +- 2.3): the
-warm start searches once and answers, and loses every bridge question whose first search lacks the
-answer; RL sharpens that strategy (single-hop up, bridge and comparison down) instead of adding the
-second search. Branching at step 1 with trained `<search>` / `<answer>` openers (T 1.0, groups of 8, from
-a warm start with the two-search episodes x3) reached +3.6 +- 2.5 (seed 0), still without a second search.
+Measured (docs/experiments.md, 2-core CPU): the warm start takes about 25-30 minutes alone (52 beside
+other jobs) and reaches 78.1% EM greedy on the 192 held-out questions (bridge 83.1%, a second search on
+85% of the questions that need one; the earlier 50-question warm start: 59.4%, bridge 46.8%, no second
+search). RL from the 50-question warm start did not add the second search: 10 iterations of roleagent
+58.9% (paired -0.5 +- 2.2, seed 0), branching at step 1 with trained openers +3.6 +- 2.5; RL from the
+200-question warm start is not measured yet. A branched iteration (4 questions x 8) takes about 175 s
+once compiled (generation 75, update 100), with the forced tokens scored by the sampler.
 """
 
 from configs import search_qa_demo, smol
@@ -37,9 +37,13 @@ def get_config():
     # killed the run on the 24 GB machine; 64 rows a call keep it to a few GB
     c.rollout.max_rows_per_call = 64
 
-    c.warmstart.n_games = 50  # 116 expert turns of ~217 tokens
-    c.warmstart.steps = 29  # x 4 rows: one epoch
-    c.warmstart.checkpoint_every = 10
+    # 200 expert questions, the episodes longer than the median (a second search) x3: 967 examples, 230
+    # steps of 4 rows (0.95 epoch). At 50 questions (116 turns, one epoch) the greedy model never searched
+    # twice (58.9% EM); at 200 it does on 85% of the questions that need it (78.1% EM)
+    c.warmstart.n_games = 200
+    c.warmstart.long_repeat = 3
+    c.warmstart.steps = 230
+    c.warmstart.checkpoint_every = 20
 
     # RL that moves the policy: at lr 2e-5 the adapters barely changed (approx-KL ~5e-4, no ratio ever
     # clipped, held-out EM unchanged after 6 iterations); LoRA needs about 10x a full fine-tuning rate,
