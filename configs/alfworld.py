@@ -10,10 +10,9 @@ from configs import base
 
 def get_config():
     c = base.get_config()
-    c.algo = "roleagent"
     c.workdir = "runs/alfworld"
     c.iterations = 150
-    base.paper_model(c)
+    base.paper_run(c)
     c.env.data_dir = os.environ.get("ALFWORLD_DATA", "")
     c.env.data_required = True
     c.env.train_split = "train"
@@ -23,30 +22,19 @@ def get_config():
     c.env.num_workers = 32
     c.rollout.tasks_per_iter = 16
     c.rollout.group_size = 8
-    c.rollout.temperature = 1.0
     c.rollout.max_prompt_tokens = 2048
-    c.rollout.max_response_tokens = 512
     c.rollout.max_rows_per_call = 0
-    c.advantage.gamma = 0.95
-    c.advantage.omega = 1.0
-    c.advantage.mode = "mean_std_norm"
     c.advantage.invalid_penalty = 0.1
     c.loss.clip_eps = 0.2
     c.loss.dual_clip = 3.0
-    c.loss.kl_type = "low_var_kl"
     c.loss.kl_coef = 0.01
     c.loss.entropy_coef = 0.001
     c.loss.agg = "token-mean"
-    c.optim.lr = 1e-6
     c.optim.weight_decay = 0.01
     c.optim.grad_clip = 1.0
     c.train.mini_batch_rows = 256
-    c.train.micro_batch_rows = 16
-    c.train.ppo_epochs = 1
-    c.wia.mode = "separate"
     c.wia.horizon = 2
     c.wia.lam = 1.0
-    c.aiw.analyser = "llm"
     c.aiw.retrieval = "llm"  # the policy chooses among the candidates the memory proposes
     c.eval.every = 5
     c.eval.temperature = 0.4

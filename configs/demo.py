@@ -21,20 +21,16 @@ from configs import base
 
 def get_config():
     c = base.get_config()
-    c.algo = "roleagent"
     c.workdir = "runs/demo"
     c.iterations = 6  # sized for 15 minutes; where RL gained on held-out games, it did within 2
 
-    base.tiny_model(c)
+    base.tiny_demo(c)
 
     c.env.train_split = "gen_seen"
     c.env.eval_splits = ("gen_seen", "gen_unseen")
     c.env.max_steps = 15  # the expert's plans take 3-10 steps; most failed episodes run to the limit
     c.env.history_k = 1
-    c.env.num_workers = 2
     c.env.gen.n_train = 240  # many small rooms: the tiny model must generalise, not memorise
-    c.env.gen.n_eval = 96  # per pool; one game = 1.04 points, a 50% figure has an SE of 5.1 points
-    c.env.gen.seed = 0
     c.env.alfworld.num_receptacles = 4
     c.env.alfworld.num_objects = 2
     # The tiny model's context holds the compact prompt, and its warm start writes no reasoning. Most of its
@@ -46,39 +42,23 @@ def get_config():
 
     c.rollout.tasks_per_iter = 12  # twice the groups of 6 tasks for about the same time per iteration
     c.rollout.group_size = 8
-    c.rollout.max_prompt_tokens = 512
-    c.rollout.max_response_tokens = 24
     c.rollout.temperature = 0.7  # at 1.0 the warm start wins 2-15% of its training episodes
 
-    c.advantage.mode = "mean_norm"
     c.advantage.invalid_penalty = 1.0  # a tenth of a win
     c.advantage.penalty_levels = "step"
-    c.loss.kl_type = "none"  # at lr 1e-4 the KL to the warm start stayed near 0.01: not worth a pass
     # as the learning test's recipe: Adam scaled a 0.001 bonus to full-size steps where advantages vanished
     c.loss.entropy_coef = 0.0
     c.optim.lr = 1e-4
     c.train.mini_batch_rows = 128
-    c.train.micro_batch_rows = 32
-    c.train.old_logprobs = "sampler"  # one forward pass fewer (with no KL pass: update ~30 s -> ~16 s)
 
-    c.wia.mode = "separate"
-    c.wia.horizon = 1
     c.wia.fraction = 0.3
-    c.wia.max_tokens = 48
-
-    c.aiw.analyser = "heuristic"
-    c.aiw.retrieval = "fuzzy"
     # The task sampler keeps configs/base.py's eta 1, epsilon 0.2, cap 0.05: at eta 0.3 / epsilon 0.5 the
     # type shares stayed within a point of uniform, at these they move 4-35 points (docs/experiments.md).
 
     c.warmstart.steps = 550  # success after the warm start follows the rows it sees: 16 x 700 gave 3-9%
-    c.warmstart.lr = 3e-3
     c.warmstart.explore = 0.0  # the expert's plan only: recovery from mistakes is left for RL to learn
-    c.warmstart.batch_rows = 32
     c.warmstart.n_games = 240
     c.warmstart.predictor_fraction = 0.3
 
-    c.eval.every = 0  # before and after RL only
-    c.eval.greedy = False  # temperature 0.4: greedy decoding repeats a failed command forever
     c.checkpoint.every = 2
     return c

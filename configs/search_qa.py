@@ -23,10 +23,9 @@ from roleagent_jax.envs.search_qa.tasks import DATASETS, TRAIN_SETS
 
 def get_config():
     c = base.get_config()
-    c.algo = "roleagent"
     c.workdir = "runs/search_qa"
     c.iterations = 660  # ~169k NQ + HotpotQA training questions / 256 per iteration: one epoch
-    base.paper_model(c)
+    base.paper_run(c)
 
     c.env.name = "search_qa"
     c.env.data_dir = os.environ.get("SEARCH_QA_DATA", "")  # FlashRAG's dataset folder
@@ -41,29 +40,18 @@ def get_config():
 
     c.rollout.tasks_per_iter = 256
     c.rollout.group_size = 5
-    c.rollout.temperature = 1.0
     c.rollout.max_prompt_tokens = 4096
-    c.rollout.max_response_tokens = 512
 
-    c.advantage.gamma = 0.95
-    c.advantage.omega = 1.0
-    c.advantage.mode = "mean_std_norm"
     c.advantage.invalid_penalty = INVALID_PENALTY
     c.advantage.anchor_similarity = 0.9  # retrieved passages rarely repeat exactly: near-equal ones group
 
-    c.loss.kl_type = "low_var_kl"
     c.loss.kl_coef = 0.001
     c.loss.entropy_coef = 0.0
-    c.optim.lr = 1e-6
     c.optim.warmup_steps = 66  # 10% of the run
     c.train.mini_batch_rows = 512
-    c.train.micro_batch_rows = 16
-    c.train.ppo_epochs = 1
 
-    c.wia.mode = "separate"
     c.wia.horizon = 1  # ~5% of at most 4 turns rounds up to one predicted result
     c.wia.max_tokens = 256  # three passages
-    c.aiw.analyser = "llm"
     c.aiw.retrieval = "fuzzy"
 
     c.eval.before = False  # run_search.sh: val_before_train=False

@@ -18,21 +18,17 @@ from roleagent_jax.envs.search_qa import INVALID_PENALTY, MAX_TURNS
 
 def get_config():
     c = base.get_config()
-    c.algo = "roleagent"
     c.workdir = "runs/search_qa_demo"
     c.iterations = 10
 
-    base.tiny_model(c)
+    base.tiny_demo(c)
 
     c.env.name = "search_qa"
     c.env.train_split = "gen_train"
     c.env.eval_splits = ("gen_test",)
     c.env.max_steps = MAX_TURNS
     c.env.history_k = 2  # the last two searches with their results: enough for every demo question
-    c.env.num_workers = 2
     c.env.gen.n_train = 500
-    c.env.gen.n_eval = 96  # held-out questions; one question = 1.04 points
-    c.env.gen.seed = 0
     # A small world (180 passages) whose names the tiny model can learn as a closed set; held-out questions
     # are new questions about it (copying names never seen in training is beyond a 3-layer model in
     # minutes: held out by entity, it stayed at 0-2% EM).
@@ -54,35 +50,20 @@ def get_config():
 
     c.rollout.tasks_per_iter = 16
     c.rollout.group_size = 5
-    c.rollout.max_prompt_tokens = 512
-    c.rollout.max_response_tokens = 24
 
-    c.advantage.mode = "mean_norm"
     c.advantage.invalid_penalty = INVALID_PENALTY
-    c.loss.kl_type = "none"
     c.optim.lr = 2e-4
     c.train.mini_batch_rows = 64
-    c.train.micro_batch_rows = 32
-    c.train.old_logprobs = "sampler"
 
-    c.wia.mode = "separate"
-    c.wia.horizon = 1
     c.wia.fraction = 0.25
-    c.wia.max_tokens = 48
 
-    c.aiw.analyser = "heuristic"
-    c.aiw.retrieval = "fuzzy"
     c.aiw.cap = 0.1
     c.aiw.eta = 0.3
     c.aiw.epsilon = 0.5
 
     c.warmstart.steps = 500
-    c.warmstart.lr = 3e-3
-    c.warmstart.batch_rows = 32
     c.warmstart.n_games = 500
     c.warmstart.predictor_fraction = 0.15  # retrieved passages are long targets: a few teach the format
 
-    c.eval.every = 0  # before and after RL only
-    c.eval.greedy = False
     c.checkpoint.every = 5
     return c

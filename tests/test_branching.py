@@ -96,6 +96,21 @@ def at(result, step):
     return {r.traj_id: r for r in result.rows if r.step_index == step}
 
 
+def random_sampler(tok, seed: int):
+    """A random one-layer model on the real sampler: its graphdef, its params and a `generate` that
+    draws each call's key from ``seed``."""
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
+    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(seed)))
+    sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
+    keys = iter(jax.random.split(jax.random.key(seed), 8))
+
+    def generate(requests):
+        return sampler.generate(params, requests, SamplingParams(), next(keys))
+
+    return graphdef, params, generate
+
+
 def test_each_slot_knows_its_leader_and_branch():
     assert branch_slots([0, 0, None, 1, 0, 1]) == [(0, 0), (0, 1), (2, 0), (3, 0), (0, 2), (3, 1)]
 
@@ -214,14 +229,7 @@ def test_branches_keep_the_policys_log_probs_and_forced_tokens_weigh_nothing(wor
     """A random model on the real sampler: each row's sampled log-probs are the training forward's of its
     prompt, forced opener and sampled tokens, and the packed batch leaves the opener out of the loss."""
     _, tok = world
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
-    sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
-    keys = iter(jax.random.split(jax.random.key(0), 8))
-
-    def generate(requests):
-        return sampler.generate(params, requests, SamplingParams(), next(keys))
+    graphdef, params, generate = random_sampler(tok, 0)
 
     result = play(world, generate, branch_at=1, branch_openers=True)
     first, branched = at(result, 0), at(result, 1)
@@ -268,14 +276,7 @@ def test_trained_forced_tokens_take_their_old_log_probs_from_the_sampler(world):
     step are scored in the sampler's prefill, so the update's inputs built from the rollout's own
     log-probs (`train.old_logprobs=sampler`, no log-prob pass) equal those of the recompute pass."""
     _, tok = world
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1)))
-    sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
-    keys = iter(jax.random.split(jax.random.key(1), 8))
-
-    def generate(requests):
-        return sampler.generate(params, requests, SamplingParams(), next(keys))
+    graphdef, params, generate = random_sampler(tok, 1)
 
     rows = play(
         world, generate, branch_at=1, branch_openers=True, expert_branch=True, train_openers=True

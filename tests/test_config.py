@@ -47,10 +47,18 @@ def test_own_warmstart_games_need_a_count():
         validate(c)
 
 
-def test_missing_model_dir():
-    c = load("base")
-    c.model.path = "/nonexistent/model"
-    with pytest.raises(ValueError, match="directory not found"):
+@pytest.mark.parametrize(
+    "name, path, message",
+    [
+        ("base", "/nonexistent/model", "directory not found"),
+        ("search_qa", "", "--config.model.path is empty"),
+    ],
+)
+def test_a_missing_model_is_named(name, path, message):
+    """A model directory that is not there, or none where the config needs one (the paper's), fails fast."""
+    c = load(name)
+    c.model.path = path
+    with pytest.raises(ValueError, match=message):
         validate(c)
 
 

@@ -19,13 +19,6 @@ def test_configs_validate(name):
     assert c.env.name == "search_qa" and c.env.max_steps == 4
 
 
-def test_paper_config_fails_fast_without_a_model():
-    c = load("search_qa")
-    c.model.path = ""
-    with pytest.raises(ValueError, match="--config.model.path is empty"):
-        validate(c)
-
-
 def test_paper_settings():
     c = load("search_qa")
     assert c.env.train_split == "nq:train+hotpotqa:train" and c.env.eval_splits == tuple(DATASETS)

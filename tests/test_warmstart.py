@@ -245,30 +245,6 @@ def test_a_constant_warm_start_takes_the_steps_of_torch_adamw_on_the_same_rows(t
     assert close == (schedule == "constant"), (losses, expected)
 
 
-def _examples_as_before(trajs, family, history_k, horizon, predictor, predictor_fraction=1.0):
-    """`examples_from_episodes` as it was before long episodes could be repeated (the reference)."""
-    from roleagent_jax import wia
-    from roleagent_jax.run.warmstart import Example
-
-    out, kept = [], 0.0
-    for traj in trajs:
-        if not traj.won:
-            continue
-        history = []
-        for t, step in enumerate(traj.steps):
-            prompt = family.agent_prompt(traj.goal, history, step.observation, step.admissible, t, history_k)
-            out.append(Example(prompt, step.response, "agent"))
-            kept += predictor_fraction
-            if predictor and kept >= 1.0:
-                kept -= 1.0
-                future = [s.next_observation for s in traj.steps[t : t + horizon]]
-                recent = history[-history_k:] if history_k else []
-                p_prompt = family.predictor_prompt(traj.goal, recent, step.observation, step.action, horizon)
-                out.append(Example(p_prompt, wia.format_predictions(future), "predictor"))
-            history.append((step.observation, step.action))
-    return out
-
-
 SEARCH_QA = get_family("search_qa")
 
 
@@ -283,15 +259,37 @@ def qa_episodes():
     return pool, [*trajs[:-1], lost]
 
 
-def test_with_repeat_1_the_examples_are_those_of_before(pool, qa_episodes):
+def test_with_repeat_1_each_won_step_gives_its_examples_once(pool, qa_episodes):
+    """Each won episode's steps in order: the expert's answer, and for the `predictor_fraction` share of
+    steps (spread evenly) the next `horizon` observations; a lost episode gives nothing."""
+    from roleagent_jax import wia
+    from roleagent_jax.run.warmstart import episode_examples
+
     with EnvPool(ALFWORLD, pool, num_workers=2, max_steps=50) as envs:
         trajs = expert_episodes(ALFWORLD, envs, list(range(len(pool))), 50, explore=0.4, seed=1)
     cases = [(ALFWORLD, trajs), (SEARCH_QA, qa_episodes[1])]
     for family, episodes in cases:
         for predictor, fraction in ((True, 1.0), (True, 0.4), (False, 1.0)):
             args = (episodes, family, 2, 2, predictor, fraction)
-            assert examples_from_episodes(*args) == _examples_as_before(*args)
-            assert examples_from_episodes(*args, long_repeat=1) == _examples_as_before(*args)
+            blocks = episode_examples(*args)
+            flat = [e for block in blocks for e in block]
+            assert examples_from_episodes(*args) == examples_from_episodes(*args, long_repeat=1) == flat
+            n_won, n_predicted = 0, 0
+            for traj, block in zip(episodes, blocks, strict=True):
+                agent = [i for i, e in enumerate(block) if e.role == "agent"]
+                assert [block[i].target for i in agent] == (
+                    [s.response for s in traj.steps] if traj.won else []
+                )
+                for t, i in enumerate(agent):
+                    following = block[i + 1 : (agent + [len(block)])[t + 1]]
+                    future = [s.next_observation for s in traj.steps[t : t + 2]]
+                    assert [(e.role, e.target) for e in following] in (
+                        [], [("predictor", wia.format_predictions(future))]
+                    )  # fmt: skip
+                    n_predicted += len(following)
+                n_won += len(agent)
+            assert abs(n_predicted - (fraction * n_won if predictor else 0)) <= 1
+            assert not predictor or n_predicted > 0
 
 
 def test_the_examples_of_episodes_longer_than_the_median_come_3_times(qa_episodes):
