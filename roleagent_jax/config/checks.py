@@ -175,7 +175,7 @@ def _branch_errors(config: ConfigDict, family) -> list[str]:
                 f"--config.loss.guided={config.loss.guided!r}: needs rollout.expert_branch=True (no row holds "
                 "the expert's step)"
             )
-    if r.expert_slots >= r.group_size:
+    elif r.expert_slots >= r.group_size:
         errors.append(
             f"--config.rollout.expert_slots={r.expert_slots}: must be below rollout.group_size={r.group_size}, "
             "or no branch of a group plays its own answer"
