@@ -900,6 +900,7 @@ def test_search_qa_unknown_split_is_named_with_the_valid_ones(tmp_path):
         "--config=configs/search_qa_demo.py",
         "--config.env.eval_splits=('bogus',)",
         "--config.env.gen.n_train=2",
+        "--config.rollout.tasks_per_iter=2",
         f"--config.workdir={workdir}",
     )
     assert_one_line_error(out, "unknown search_qa split 'bogus'")
