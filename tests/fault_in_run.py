@@ -30,7 +30,7 @@ def install(fault: str) -> None:
 
         atomicity.AtomicRenameTemporaryPath.finalize = disk_full
     elif fault == "metrics_enospc":
-        from roleagent_jax import metrics
+        from roleagent_jax.run import metrics
 
         metrics.MetricLogger.log = disk_full
 
