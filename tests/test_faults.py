@@ -87,6 +87,7 @@ def test_a_lock_of_a_lost_host_is_taken_over_once_its_stamp_is_old(tmp_path):
     WorkdirLock(tmp_path).release()
 
 
+@pytest.mark.slow  # a whole tiny run (or two) in a subprocess
 def test_a_run_killed_with_sigkill_leaves_a_lock_the_next_run_takes_over(tmp_path):
     workdir = tmp_path / "run"
     args = cli(workdir, "--config.iterations=1", "--config.checkpoint.every=1", *QUICK)
@@ -107,6 +108,7 @@ def test_a_run_killed_with_sigkill_leaves_a_lock_the_next_run_takes_over(tmp_pat
 # a failed save, a full disk
 
 
+@pytest.mark.slow  # a whole tiny run (or two) in a subprocess
 def test_a_failed_background_save_ends_the_run_in_one_line(tmp_path):
     """Disk full in orbax's background write: exit 2 at once (not at the next save, not a hang), one
     line, the lock released; the same command resumes once there is space."""
@@ -122,6 +124,7 @@ def test_a_failed_background_save_ends_the_run_in_one_line(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
 
 
+@pytest.mark.slow  # a whole tiny run (or two) in a subprocess
 def test_disk_full_outside_the_checkpoints_is_exit_2_in_one_line(tmp_path):
     args = cli(tmp_path / "run", "--config.iterations=1", *QUICK)
     out = run_cmd([sys.executable, str(FAULT), "metrics_enospc", *args[3:]], FAULT_TIMEOUT)
@@ -130,6 +133,7 @@ def test_disk_full_outside_the_checkpoints_is_exit_2_in_one_line(tmp_path):
     assert len(lines) == 1 and "disk full" in lines[0] and "No space left on device" in lines[0], lines
 
 
+@pytest.mark.slow  # a whole tiny run in a subprocess
 @pytest.mark.skipif(shutil.which("chattr") is None or os.geteuid() != 0, reason="needs chattr as root")
 def test_an_unwritable_checkpoints_folder_ends_the_run_instead_of_hanging(tmp_path):
     """`chattr +i <workdir>/checkpoints`: orbax's write fails with EPERM and its threads would wait
@@ -153,6 +157,7 @@ def test_an_unwritable_checkpoints_folder_ends_the_run_instead_of_hanging(tmp_pa
 # interrupts
 
 
+@pytest.mark.slow  # a whole tiny run in a subprocess, interrupted
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_is_one_line_that_says_how_to_resume(tmp_path, sig):
     workdir = tmp_path / "run"
@@ -249,6 +254,7 @@ def test_a_retriever_that_finds_nothing_for_every_query_is_flagged():
     assert family.warnings([searched(False)]) == []  # two empty searches may be two bad queries
 
 
+@pytest.mark.slow  # a whole tiny run (or two) in a subprocess
 def test_an_iteration_that_loses_too_many_episodes_stops_and_lost_rows_are_not_trained(tmp_path, monkeypatch):
     """Training: a lost episode's steps are no PPO rows; past env.max_lost_share the iteration stops the
     run (EnvironmentOutage, exit 3) before its update, so the last checkpoint stays the run's state."""
