@@ -44,6 +44,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import print_json  # noqa: E402
+from roleagent_jax.evaluation.trained_settings import SETTINGS_FILE  # noqa: E402
 from roleagent_jax.sampling import SampleRequest, SamplingParams  # noqa: E402
 
 
@@ -131,9 +132,9 @@ def record(args) -> dict:
         "config": args.config,
         "overrides": args.set,
         "model": model_dir,
-        "warm_started": False,
-        "note": "no warm start ran: the policy is the config's model.path (the base model unless it names a "
-        "warm-started checkpoint)",
+        # a model this project trained carries its run's settings; the base checkpoint does not
+        "warm_started": (Path(model_dir) / SETTINGS_FILE).is_file(),
+        "note": "no warm start ran here: the policy is the config's model.path",
         "iterations": args.iterations,
         "calls": recorder.calls,
     }
