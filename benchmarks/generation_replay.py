@@ -222,7 +222,7 @@ def replay(args) -> dict:
     from roleagent_jax.backends import make_backend
     from roleagent_jax.models import load_pretrained
     from roleagent_jax.models.tokenizer import eos_ids, load_tokenizer
-    from roleagent_jax.sampling.sampler import capped_batch_buckets
+    from roleagent_jax.sampling.plan import capped_batch_buckets
 
     recording = json.loads(Path(args.calls).read_text())
     calls = recording["calls"][: args.max_calls] if args.max_calls else recording["calls"]
