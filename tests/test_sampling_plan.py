@@ -85,6 +85,7 @@ def model(tmp_path_factory):
     cut = Sampler(
         graphdef, cfg, tok, eos_ids=(), batch_buckets=(4, 8, 16), prompt_buckets=(8, 16, 32, 64, 128)
     )
+    cut.cost_model = CPU  # the CPU's cuts on any platform
     return {"tok": tok, "module": module, "params": params, "whole": whole, "cut": cut}
 
 
