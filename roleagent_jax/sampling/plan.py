@@ -3,13 +3,14 @@ now, how they split into chunks (one jitted prefill and decode loop each), and e
 shapes: batch rows, prompt bucket, new-token bucket and shared-prefix layout.
 
 Padding is paid for: every prompt slot of every row is prefilled and every row takes part in every
-decode step, whether a request fills it or not. A call whose rows run independently of each other
-(only foreground rows, or only background ones) may therefore be cut into chunks of similar prompt
-length, so that short prompts are not padded to the longest one: of the cuts of its requests sorted by
-prompt length, the cheapest under `CostModel` is taken when it beats consecutive chunks in request
-order (otherwise those, as before). Sharing groups stay whole within a chunk. Background rows that run
-beside foreground ones stay in the foreground's chunk, since they decode only while a foreground row
-does. A chunk's shapes do not change what its rows compute, only how much padding comes with them.
+decode step, whether a request fills it or not. A call may therefore be cut into chunks of similar
+prompt length, so that short prompts are not padded to the longest one (nor a sharing group's short
+suffixes to an ungrouped row's whole prompt): of the cuts of its requests sorted by prompt length, the
+cheapest under `CostModel` is taken when it beats consecutive chunks in request order (otherwise
+those, as before). Sharing groups stay whole within a chunk. Background rows beside foreground ones
+stay together in one chunk, which runs last: they decode only while a foreground row does, in their
+chunk or (the longest response of the others) in the call's other chunks, exactly as in one chunk. A
+chunk's shapes do not change what its rows compute, only how much padding comes with them.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class CallPlan:
     """What one `Sampler.generate` call runs.
 
     requests: the requests as run: a background row beside foreground ones capped at the foreground's
-        largest token budget, groups dropped in a call of background rows only.
+        largest token budget, groups dropped in a call of background rows only after a foreground one.
     chunks: in the order they run (chunk ``c`` draws with the call's key folded with ``c``).
     waiting: background requests that do not run now (see `admitted`).
     foreground_rows: with a foreground request, the batch bucket of the requests it runs (at most one
