@@ -61,9 +61,10 @@ class SampleRequest:
     None (the default) generates the row on its own. Greedy output does not depend on it; sampled
     output keeps its distribution, but a row's random draws follow its place in the call's layout.
 
-    `background`: the row uses only capacity the call's other rows leave idle. It joins the call only
-    if it fits in the spare rows of their batch bucket and in their prompt bucket (so it never widens
-    the call), and decodes only while some other row is still decoding (so it never lengthens it).
+    `background`: the row uses only capacity the call's foreground rows leave idle. It joins the call
+    only if it fits in the spare rows of their batch bucket and in their prompt bucket (so it never
+    widens the call), and decodes only while a foreground row of the call is still decoding (so it
+    never takes more steps than they do), whichever chunk (`plan`) each runs in.
     Cut off, or left out, it returns what it generated (possibly nothing) with finish_reason
     "paused", for a later call to continue (its prompt plus those tokens, the remaining budget). A call
     of background rows only runs them to the end.
