@@ -10,6 +10,8 @@ project's sampler and through ``transformers.generate`` on the same prompts, sid
     # 2. replay: the same calls through both, alternating call by call
     python benchmarks/generation_replay.py replay --calls /tmp/sqa_calls.json [--max-calls N]
     python benchmarks/generation_replay.py replay --calls /tmp/ws_calls.json
+    # the shapes the project's sampler runs each call in (no model, seconds): chunks, padded positions
+    python benchmarks/generation_replay.py plan --calls /tmp/sqa_calls.json
 
 ``record`` takes ``--config`` with any ``--set KEY=VALUE`` overrides (as ``--config.KEY=VALUE`` of the
 training command); no warm start runs (``warmstart.steps=0``), so unless ``model.path`` names a
@@ -222,7 +224,7 @@ def replay(args) -> dict:
     from roleagent_jax.backends import make_backend
     from roleagent_jax.models import load_pretrained
     from roleagent_jax.models.tokenizer import eos_ids, load_tokenizer
-    from roleagent_jax.sampling.sampler import capped_batch_buckets
+    from roleagent_jax.sampling.plan import capped_batch_buckets
 
     recording = json.loads(Path(args.calls).read_text())
     calls = recording["calls"][: args.max_calls] if args.max_calls else recording["calls"]
@@ -290,6 +292,43 @@ def replay(args) -> dict:
     }
 
 
+def plan(args) -> dict:
+    """The chunks ``replay`` runs each recorded call in through the project's sampler (`Sampler.plan`,
+    with its buckets), from the requests alone: their shapes, and prefilled positions against the
+    prompts' real tokens."""
+    from roleagent_jax.sampling.plan import Buckets, capped_batch_buckets, cost_model, plan_call
+
+    recording = json.loads(Path(args.calls).read_text())
+    calls = recording["calls"][: args.max_calls] if args.max_calls else recording["calls"]
+    buckets = Buckets.make(capped_batch_buckets(max(len(c["requests"]) for c in calls)))
+    model = cost_model(args.platform)
+    foreground, rows = 0, []
+    for i, call in enumerate(calls):
+        planned = plan_call(requests_of(call), buckets, model, foreground)
+        foreground = planned.foreground_rows or foreground
+        shapes = [
+            f"{c.rows}x{c.prompt_bucket}"
+            + (f" + {c.layout.groups}x{c.layout.prefix_bucket} shared" if c.layout else "")
+            + f" /{c.new_tokens} new"
+            for c in planned.chunks
+        ]
+        rows.append({"requests": len(call["requests"]), "waiting": len(planned.waiting), "chunks": shapes,
+                     "prefill_positions": planned.prefill_positions, "real_tokens": planned.real_tokens})  # fmt: skip
+        print(f"call {i + 1}: {rows[-1]['requests']} requests ({rows[-1]['waiting']} wait): "
+              f"{', '.join(shapes)}; prefill {planned.prefill_positions} positions for "
+              f"{planned.real_tokens} prompt tokens", flush=True)  # fmt: skip
+    return {
+        "bench": "generation_plan",
+        "calls_file": args.calls,
+        "platform": args.platform,
+        "batch_buckets": list(buckets.batch),
+        "prompt_buckets": list(buckets.prompt),
+        "calls": rows,
+        "prefill_positions": sum(r["prefill_positions"] for r in rows),
+        "real_tokens": sum(r["real_tokens"] for r in rows),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -304,8 +343,12 @@ def main(argv: list[str] | None = None) -> dict:
     rep.add_argument("--model", default=None, help="default: the recorded model directory")
     rep.add_argument("--max-calls", type=int, default=0)
     rep.add_argument("--warm", action="store_true", help="run each call once untimed first (compiles)")
+    shapes = sub.add_parser("plan", help="the sampler's chunks and padded positions for each recorded call")
+    shapes.add_argument("--calls", required=True)
+    shapes.add_argument("--max-calls", type=int, default=0)
+    shapes.add_argument("--platform", default=jax.default_backend(), help="cost model: cpu, gpu or tpu")
     args = parser.parse_args(argv)
-    summary = record(args) if args.command == "record" else replay(args)
+    summary = {"record": record, "replay": replay, "plan": plan}[args.command](args)
     print_json(summary)
     return summary
 

@@ -58,6 +58,6 @@ def test_the_exported_row_cap_bounds_every_sampler_call(checkpoint, monkeypatch)
     capped = _policy(checkpoint, 8, monkeypatch, capped_calls)(turns)
     assert capped_calls == [8, 8, 4]
     whole_calls: list[int] = []
-    whole = _policy(checkpoint, None, monkeypatch, whole_calls)(turns)  # an older file: no cap, one call
-    assert whole_calls == [20]
+    whole = _policy(checkpoint, None, monkeypatch, whole_calls)(turns)  # an older file: no cap
+    assert sum(whole_calls) == 20 and max(whole_calls) > 8  # chunks as the sampler's cost model cuts them
     assert capped == whole and len(capped) == 20

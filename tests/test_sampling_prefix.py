@@ -290,15 +290,19 @@ def test_groups_of_five_and_calls_of_whole_groups():
 
 
 def test_more_requests_than_a_call_holds_keep_their_order(setup):
-    """With 8-row calls the groups go to calls whole (5 + 2 rows, then 3 + 3, ...); every result lands
-    at its request's index and equals the plain path's."""
+    """With 8-row calls the groups (2, 5 and 3 rows) go to two calls whole, each sharing its groups'
+    prefixes; every result lands at its request's index and equals the plain path's."""
     tok = setup["tok"]
     small = Sampler(setup["sampler"].graphdef, setup["sampler"].config, tok, eos_ids=(), batch_buckets=(8,),
                     prompt_buckets=(16, 128))  # fmt: skip
     reqs = _requests(tok)[:10]
-    reqs = reqs[5:7] + reqs[:5] + reqs[7:]  # group B first, then A: calls [B, A], [group 7]
+    reqs = reqs[5:7] + reqs[:5] + reqs[7:]  # group B first, then A, then group 7
+    chunks = [set(c.requests) for c in small.plan(reqs).chunks]
+    assert len(chunks) == 2 and all(c.layout is not None for c in small.plan(reqs).chunks)
+    for group in ("A", "B", 7):
+        members = {i for i, r in enumerate(reqs) if r.group == group}
+        assert sum(members <= c for c in chunks) == 1
     out = small.generate(setup["params"], reqs, GREEDY, jax.random.key(0))
-    assert small.last_layout is not None and small.last_layout.prefix_len[0] == len(reqs[-1].prompt_ids) - 1
     _assert_same(out, setup["sampler"].generate(setup["params"], _ungrouped(reqs), GREEDY, jax.random.key(0)))
 
 

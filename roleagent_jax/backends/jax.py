@@ -8,8 +8,8 @@ from typing import Any
 
 import jax
 
+from roleagent_jax.sampling.plan import BATCH_BUCKETS
 from roleagent_jax.sampling.sampler import (
-    BATCH_BUCKETS,
     Sampler,
     SampleRequest,
     SampleResult,

@@ -25,8 +25,8 @@ from roleagent_jax.models.lora import LoRAConfig, LoRAParam, add_lora
 from roleagent_jax.parallel.sharding import spec_for
 from roleagent_jax.planner.workload import Workload, abstract_mesh
 from roleagent_jax.rl.optimizer import make_optimizer
+from roleagent_jax.sampling.plan import PROMPT_BUCKETS, capped_batch_buckets
 from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
-from roleagent_jax.sampling.sampler import PROMPT_BUCKETS, capped_batch_buckets
 
 GIB = 1024**3
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.

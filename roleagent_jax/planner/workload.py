@@ -11,7 +11,7 @@ import jax
 
 from roleagent_jax.parallel.sharding import AXES
 from roleagent_jax.rl.logprobs import TARGET_BUCKET, round_up
-from roleagent_jax.sampling.sampler import PROMPT_BUCKETS, capped_batch_buckets
+from roleagent_jax.sampling.plan import PROMPT_BUCKETS, capped_batch_buckets
 
 GIB = 1024**3
 # Share of HBM a plan may use: the runtime, XLA's scratch space and fragmentation take the rest.

@@ -1,14 +1,13 @@
 """Batched generation for all roles of the policy; see `sampler.Sampler`."""
 
 from roleagent_jax.sampling.choose import choose_tokens
+from roleagent_jax.sampling.plan import BATCH_BUCKETS, capped_batch_buckets
 from roleagent_jax.sampling.sampler import (
-    BATCH_BUCKETS,
     FINISH_REASONS,
     Sampler,
     SampleRequest,
     SampleResult,
     SamplingParams,
-    capped_batch_buckets,
 )
 
 __all__ = [

@@ -16,7 +16,6 @@ it beats the plain per-row layout.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -52,8 +51,20 @@ class PrefixLayout:
 
 
 def common_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest token prefix all prompts share."""
-    return len(os.path.commonprefix([list(p) for p in prompts]))
+    """Length of the longest token prefix all prompts share: that of the first and last in sorted
+    order, found by bisection over slice comparisons (the sampler's planner asks this many times)."""
+    lists = [list(p) for p in prompts]
+    if not lists:
+        return 0
+    first, last = min(lists), max(lists)
+    lo, hi = 0, min(len(first), len(last))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if first[:mid] == last[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def sharing_groups(
@@ -85,10 +96,9 @@ def sharing_groups(
     return groups, sorted(loose)
 
 
-def chunk_by_group(keys: Sequence[Hashable | None], size: int) -> list[list[int]]:
-    """Request indices of each call when one call holds at most ``size`` requests: whole sharing groups
-    (in order of their first request) packed in order into calls, a group larger than a call split.
-    Without keys these are consecutive runs of ``size`` requests."""
+def group_units(keys: Sequence[Hashable | None], size: int) -> list[list[int]]:
+    """The indices that must share a call: each sharing group (in order of its first request) in parts
+    of at most ``size``, each ungrouped request alone."""
     units: list[list[int]] = []
     by_key: dict[Hashable, list[int]] = {}
     for i, key in enumerate(keys):
@@ -99,13 +109,18 @@ def chunk_by_group(keys: Sequence[Hashable | None], size: int) -> list[list[int]
         else:
             by_key[key] = [i]
             units.append(by_key[key])
+    return [unit[start : start + size] for unit in units for start in range(0, len(unit), size)]
+
+
+def chunk_by_group(keys: Sequence[Hashable | None], size: int) -> list[list[int]]:
+    """Request indices of each call when one call holds at most ``size`` requests: whole sharing groups
+    (in order of their first request) packed in order into calls, a group larger than a call split.
+    Without keys these are consecutive runs of ``size`` requests."""
     calls: list[list[int]] = [[]]
-    for unit in units:
-        for start in range(0, len(unit), size):
-            part = unit[start : start + size]
-            if len(calls[-1]) + len(part) > size:
-                calls.append([])
-            calls[-1].extend(part)
+    for part in group_units(keys, size):
+        if len(calls[-1]) + len(part) > size:
+            calls.append([])
+        calls[-1].extend(part)
     return calls
 
 
@@ -156,13 +171,31 @@ def plan_layout(
     which must hold whole groups). ``keep``: each row's fewest own prompt tokens (`sharing_groups`).
     """
     groups, loose = sharing_groups(prompts, keys, keep)
+    return layout_of_groups(
+        [len(p) for p in prompts], groups, loose, new_tokens=new_tokens, prompt_buckets=prompt_buckets,
+        batch_buckets=batch_buckets, row_multiple=row_multiple,
+    )  # fmt: skip
+
+
+def layout_of_groups(
+    lengths: Sequence[int],
+    groups: list[tuple[list[int], int]],
+    loose: list[int],
+    *,
+    new_tokens: int,
+    prompt_buckets: Sequence[int],
+    batch_buckets: Sequence[int],
+    row_multiple: int = 1,
+) -> PrefixLayout | None:
+    """`plan_layout` of prompts of these ``lengths`` given their `sharing_groups` (which a caller that
+    plans many subsets of one call's requests computes once per group)."""
     if not groups:
         return None
     shared_len = {i: share for idx, share in groups for i in idx}
     prefix_bucket = _bucket(max(share for _, share in groups), prompt_buckets)
-    suffix_bucket = _bucket(max(len(p) - shared_len.get(i, 0) for i, p in enumerate(prompts)), prompt_buckets)
-    plain_rows = _round_up(_bucket(len(prompts), batch_buckets), row_multiple)
-    best, best_cost = None, plain_rows * (_bucket(max(map(len, prompts)), prompt_buckets) + new_tokens)
+    suffix_bucket = _bucket(max(n - shared_len.get(i, 0) for i, n in enumerate(lengths)), prompt_buckets)
+    plain_rows = _round_up(_bucket(len(lengths), batch_buckets), row_multiple)
+    best, best_cost = None, plain_rows * (_bucket(max(lengths), prompt_buckets) + new_tokens)
     largest = _pow2_at_least(max(len(idx) for idx, _ in groups))
     for size in sorted({1 << k for k in range(largest.bit_length())} | {len(idx) for idx, _ in groups}):
         units = _units(groups, loose, size)

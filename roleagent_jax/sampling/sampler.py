@@ -13,6 +13,12 @@ Requests may declare a `group`: rows of one (role, group) share the longest comm
 prompts, which is then prefilled once per group, stored once, and read once per group by every decode
 step (`prefix.plan_layout` decides when this beats the plain layout; `qwen2.merge_attention` combines
 the shared and per-row attentions exactly).
+
+Before any model work, `plan.plan_call` decides from the requests alone which run now and in which
+chunks (one prefill and decode loop each): a call is cut into chunks of similar prompt length when the
+padded prefill that saves outweighs the extra decode loops under a cost model of the platform, so that
+a few long prompts no longer pad every row of the call. Rows compute the same whatever their chunk;
+background rows keep to the call's foreground rows across chunks (their chunk runs last).
 """
 
 from __future__ import annotations
@@ -31,27 +37,19 @@ from roleagent_jax.models import Qwen2Config, SharedPrefix, init_cache
 from roleagent_jax.parallel import distributed
 from roleagent_jax.sampling import stops as stops_lib
 from roleagent_jax.sampling.choose import choose_tokens
-from roleagent_jax.sampling.prefix import PrefixLayout, chunk_by_group, plan_layout
+from roleagent_jax.sampling.plan import (
+    BATCH_BUCKETS,
+    PROMPT_BUCKETS,
+    Buckets,
+    CallPlan,
+    Chunk,
+    cost_model,
+    plan_call,
+)
+from roleagent_jax.sampling.prefix import PrefixLayout
 
 FINISH_REASONS = ("running", "eos", "stop", "length", "paused")  # index = the code the decode loop writes
 _EOS, _STOP, _LENGTH, _PAUSED = 1, 2, 3, 4
-
-
-# Steps of a quarter to a half above 32 rows: one call's rows (agent rows plus however many predictions
-# are still running, or a 96-game evaluation panel) rarely sit just under a power of two, and a call
-# rounded up to the next one would spend up to half its compute on empty rows.
-BATCH_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 160, 192, 256)
-PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
-
-
-def capped_batch_buckets(max_rows: int) -> tuple[int, ...]:
-    """The batch buckets capped at `max_rows` (0 = the default set). Requests beyond the largest bucket
-    are generated in consecutive chunks, so the cap bounds one call's KV cache and prefill memory."""
-    if max_rows < 0:
-        raise ValueError(f"max_rows_per_call must be >= 0, got {max_rows}")
-    if not max_rows:
-        return BATCH_BUCKETS
-    return tuple(b for b in BATCH_BUCKETS if b < max_rows) + (max_rows,)
 
 
 @dataclass
@@ -63,9 +61,10 @@ class SampleRequest:
     None (the default) generates the row on its own. Greedy output does not depend on it; sampled
     output keeps its distribution, but a row's random draws follow its place in the call's layout.
 
-    `background`: the row uses only capacity the call's other rows leave idle. It joins the call only
-    if it fits in the spare rows of their batch bucket and in their prompt bucket (so it never widens
-    the call), and decodes only while some other row is still decoding (so it never lengthens it).
+    `background`: the row uses only capacity the call's foreground rows leave idle. It joins the call
+    only if it fits in the spare rows of their batch bucket and in their prompt bucket (so it never
+    widens the call), and decodes only while a foreground row of the call is still decoding (so it
+    never takes more steps than they do), whichever chunk (`plan`) each runs in.
     Cut off, or left out, it returns what it generated (possibly nothing) with finish_reason
     "paused", for a later call to continue (its prompt plus those tokens, the remaining budget). A call
     of background rows only runs them to the end.
@@ -129,27 +128,8 @@ class SamplingParams:
         return self.greedy or self.temperature == 0.0
 
 
-def _sharing_key(r: SampleRequest) -> Hashable | None:
-    """Requests share prompt prefixes within one role and group."""
-    return None if r.group is None else (r.role, r.group)
-
-
-def _bucket(n: int, buckets: Sequence[int], what: str, hint: str) -> int:
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{what} {n} exceeds the largest bucket {buckets[-1]}: {hint}")
-
-
 def _pow2_at_least(n: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, n - 1).bit_length())
-
-
-def _check_buckets(name: str, buckets: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(sorted({int(b) for b in buckets}))
-    if not out or out[0] < 1:
-        raise ValueError(f"{name} must be a non-empty list of positive sizes, got {buckets!r}")
-    return out
 
 
 class Sampler:
@@ -159,8 +139,9 @@ class Sampler:
     sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
     With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
     `qwen2.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
-    whole groups (their prefix cache beside their rows) the same way. `last_layout` is the
-    shared-prefix layout of the last chunk generated (None: it used the plain per-row layout).
+    whole groups (their prefix cache beside their rows) the same way. `plan` shows how a call would
+    run (chunks, shapes, padded positions); `last_layout` is the shared-prefix layout of the last chunk
+    generated (None: it used the plain per-row layout).
     """
 
     def __init__(
@@ -177,8 +158,6 @@ class Sampler:
         new_token_buckets: Sequence[int] | None = None,
         pad_id: int | None = None,
     ) -> None:
-        if max_new_tokens_cap < 1:
-            raise ValueError(f"max_new_tokens_cap must be >= 1, got {max_new_tokens_cap}")
         self.graphdef = graphdef
         self.config = config
         self.tokenizer = tokenizer
@@ -192,16 +171,16 @@ class Sampler:
             pad_id = getattr(tokenizer, "pad_token_id", None)
             pad_id = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.pad_id = int(pad_id)
-        self.batch_buckets = _check_buckets("batch_buckets", batch_buckets)
-        self.prompt_buckets = _check_buckets("prompt_buckets", prompt_buckets)
-        self.max_new_tokens_cap = int(max_new_tokens_cap)
-        if new_token_buckets is None:
-            new_token_buckets = [b for b in (2**k for k in range(4, 20)) if b < max_new_tokens_cap]
-        self.new_token_buckets = _check_buckets(
-            "new_token_buckets",
-            [b for b in new_token_buckets if b <= max_new_tokens_cap] + [max_new_tokens_cap],
+        self.buckets = Buckets.make(
+            batch_buckets,
+            prompt_buckets,
+            max_new_tokens_cap,
+            new_token_buckets,
+            row_multiple=1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"]),
         )
-        self.row_multiple = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+        self.max_new_tokens_cap = int(max_new_tokens_cap)
+        platform = (jax.devices()[0] if mesh is None else mesh.devices.flat[0]).platform
+        self.cost_model = cost_model(platform)
         self.num_compilations = 0
         self.last_layout: PrefixLayout | None = None
         self._foreground_rows = 0  # batch rows of the last call that had a foreground request
@@ -324,6 +303,7 @@ class Sampler:
         prompt_mask,
         max_new,
         background,
+        follow,
         stop_bytes,
         stop_len,
         table,
@@ -337,6 +317,8 @@ class Sampler:
     ):
         """Sample token 0 from the prefill logits, then feed/sample until every row is done.
 
+        ``background`` rows decode only while a foreground row does: one of this chunk, or for the first
+        ``follow`` steps one of the call's other chunks (their longest foreground response).
         ``prefix``/``offset``: the shared prefix and each row's count of its tokens (None: plain rows).
         Returns (tokens [B, N], logprobs [B, N], n_generated [B], finish code [B]) and the final cache.
         """
@@ -387,7 +369,9 @@ class Sampler:
 
         def keep_going(carry):
             step, _, _, state = carry
-            return (step < new_tokens) & ~jnp.all(state[2] | background)
+            done = state[2]
+            others = (step < follow) & ~jnp.all(done)
+            return (step < new_tokens) & (~jnp.all(done | background) | others)
 
         def one_token(carry):
             step, last, cache, state = carry
@@ -419,6 +403,10 @@ class Sampler:
         return (tokens, logps, n_gen, finish), cache
 
     # ---------------------------------------------------------------- public API
+    def plan(self, requests: Sequence[SampleRequest]) -> CallPlan:
+        """How `generate` would run ``requests`` now (`plan.plan_call`): its chunks and their shapes."""
+        return plan_call(requests, self.buckets, self.cost_model, self._foreground_rows)
+
     def generate(
         self,
         params,
@@ -426,71 +414,34 @@ class Sampler:
         params_sampling: SamplingParams,
         rng: jax.Array,
     ) -> list[SampleResult]:
-        """Generate for every request (in order). More requests than the largest batch bucket are
-        served in chunks, each with its own key folded from `rng`: consecutive runs of requests, or
-        with groups whole sharing groups packed in order (`prefix.chunk_by_group`). A call of only
-        background requests runs in the plain layout, in chunks padded to the batch rows of the last
-        call that had a foreground request (so it reuses that call's batch shape)."""
+        """Generate for every request (results in request order), in the chunks of `plan`: one chunk
+        when it holds every request, else consecutive runs of requests (sharing groups whole) or runs of
+        similar prompt length, whichever costs less; each chunk with its own key folded from `rng`. A
+        call of only background requests runs in the plain layout, in chunks of at most the batch rows
+        of the last call that had a foreground request."""
         if not requests:
             return []
         for r in requests:
             self._validate(r)
         params = self._place_params(params)
-        chunk = self.batch_buckets[-1] - self.batch_buckets[-1] % self.row_multiple or self.row_multiple
-        min_rows = 0  # every chunk padded to at least this many rows (0: its own bucket)
-        if all(r.background for r in requests) and self._foreground_rows:
-            # What waits after the last agent step: in the plain layout, in chunks of the last agent
-            # call's rows (padded), so these calls reuse one batch shape whatever their number and
-            # groups instead of compiling a new program in most early iterations; on a CPU, where
-            # every row costs compute, calls of agent size are also no slower than one wide call.
-            requests = [replace(r, group=None) for r in requests]
-            chunk = min_rows = min(chunk, self._foreground_rows)
+        plan = self.plan(requests)
         results: list[SampleResult | None] = [None] * len(requests)
-        run = self._admitted(requests, chunk)
-        for i in range(len(requests)):
-            if i not in run:
-                results[i] = SampleResult([], [], "", "paused", requests[i].role)
-        order = sorted(run)
-        # A background row decodes only while a foreground row does, so it can never use more new tokens
-        # than the longest foreground budget: capped there, it leaves the call's shapes (and compiled
-        # programs) those of its foreground rows. Stopped by the cap, it is paused, not finished.
-        fg_budget = max((r.max_new_tokens for r in requests if not r.background), default=0)
-        todo = [replace(r, max_new_tokens=min(r.max_new_tokens, fg_budget)) if r.background and fg_budget
-                else r for r in requests]  # fmt: skip
-        for c, idx in enumerate(chunk_by_group([_sharing_key(todo[i]) for i in order], chunk)):
+        for i in plan.waiting:
+            results[i] = SampleResult([], [], "", "paused", requests[i].role)
+        follow = None if all(r.background for r in requests) else 0
+        for c, chunk in enumerate(plan.chunks):
             key = rng if c == 0 else jax.random.fold_in(rng, c)
-            out = self._generate_chunk(params, [todo[order[i]] for i in idx], params_sampling, key, min_rows)
-            for i, res in zip(idx, out, strict=True):
-                r = requests[order[i]]
-                if res.finish_reason == "length" and len(res.token_ids) < r.max_new_tokens:
+            todo = [plan.requests[i] for i in chunk.requests]
+            out = self._generate_chunk(params, todo, chunk, params_sampling, key, follow)
+            for r, res in zip(todo, out, strict=True):
+                if follow is not None and not r.background:
+                    follow = max(follow, len(res.token_ids))
+            for i, res in zip(chunk.requests, out, strict=True):
+                if res.finish_reason == "length" and len(res.token_ids) < requests[i].max_new_tokens:
                     res = replace(res, finish_reason="paused")
-                results[order[i]] = res
+                results[i] = res
+        self._foreground_rows = plan.foreground_rows or self._foreground_rows
         return results
-
-    def _admitted(self, requests: Sequence[SampleRequest], chunk: int) -> set[int]:
-        """Indices of the requests this call runs: every foreground request, and background requests
-        (in order) while they fit the idle rows of the foreground's batch bucket and its prompt bucket.
-
-        Every row of a bucket costs its prefill and each decode step whether it serves a request or
-        idles, so a background row placed there is free; one that would raise the bucket would make
-        every decode step of the call dearer, which on a CPU (every row costs compute) or with long
-        agent responses (predictions done after a few steps, their rows then idle) costs far more than
-        running it later. With no foreground request, every request runs (to its end)."""
-        fg = [i for i, r in enumerate(requests) if not r.background]
-        if not fg or len(fg) == len(requests):
-            return set(range(len(requests)))
-        run = set(fg)
-        if len(fg) > chunk:
-            return run
-        rows = _bucket(len(fg), self.batch_buckets, "batch size", "raise batch_buckets")
-        spare = -(-rows // self.row_multiple) * self.row_multiple - len(fg)
-        width = _bucket(max(len(requests[i].prompt_ids) for i in fg), self.prompt_buckets, "prompt length",
-                        "truncate prompts or add a prompt bucket")  # fmt: skip
-        for i, r in enumerate(requests):
-            if spare and r.background and len(r.prompt_ids) <= width:
-                run.add(i)
-                spare -= 1
-        return run
 
     def _validate(self, r: SampleRequest) -> None:
         if len(r.prompt_ids) == 0:
@@ -518,49 +469,30 @@ class Sampler:
             raise ValueError(f"group must be hashable (e.g. the task group's id), got {r.group!r}") from None
 
     def _generate_chunk(
-        self, params, requests, sp: SamplingParams, rng, min_rows: int = 0
+        self, params, requests, chunk: Chunk, sp: SamplingParams, rng, follow: int | None
     ) -> list[SampleResult]:
+        """Generate ``requests`` (the chunk's, in its row order) in ``chunk``'s shapes. ``follow``: None
+        when the call has no foreground request (background rows run to their end), else the longest
+        response of the foreground rows already generated in the call's other chunks."""
         n = len(requests)
-        batch = _bucket(max(n, min_rows), self.batch_buckets, "batch size", "raise batch_buckets")
-        batch = -(-batch // self.row_multiple) * self.row_multiple
-        if not all(r.background for r in requests):
-            self._foreground_rows = batch
-        longest = max(len(r.prompt_ids) for r in requests)
-        plen = _bucket(
-            longest, self.prompt_buckets, "prompt length", "truncate prompts or add a prompt bucket"
-        )
-        new_tokens = _bucket(
-            max(r.max_new_tokens for r in requests), self.new_token_buckets, "max_new_tokens", "raise the cap"
-        )
-        layout = None
-        if any(r.group is not None for r in requests):
-            layout = plan_layout(
-                [r.prompt_ids for r in requests],
-                [_sharing_key(r) for r in requests],
-                keep=[r.score_tokens + 1 for r in requests],
-                new_tokens=new_tokens,
-                prompt_buckets=self.prompt_buckets,
-                batch_buckets=self.batch_buckets,
-                row_multiple=self.row_multiple,
-            )
+        plen, new_tokens, layout = chunk.prompt_bucket, chunk.new_tokens, chunk.layout
         self.last_layout = layout
         if layout is None:
-            slots = np.concatenate([np.arange(n), np.full(batch - n, -1)])
-            skip = np.zeros(batch, np.int64)  # prompt tokens a row leaves to a shared prefix
+            slots = np.concatenate([np.arange(n), np.full(chunk.batch - n, -1)])
+            skip = np.zeros(chunk.batch, np.int64)  # prompt tokens a row leaves to a shared prefix
         else:
-            slots, skip, plen = layout.slots, layout.row_prefix_len(), layout.suffix_bucket
+            slots, skip = layout.slots, layout.row_prefix_len()
         rows = len(slots)
 
         ids = np.full((rows, plen), self.pad_id, np.int32)
         mask = np.zeros((rows, plen), np.int32)
         max_new = np.zeros((rows,), np.int32)
         background = np.zeros((rows,), bool)
-        some_foreground = not all(r.background for r in requests)
         for b, s in enumerate(slots):
             own = requests[s].prompt_ids[skip[b] :] if s >= 0 else [self.pad_id]  # idle: one real token
             ids[b, plen - len(own) :], mask[b, plen - len(own) :] = own, 1
             max_new[b] = requests[s].max_new_tokens if s >= 0 else 0
-            background[b] = some_foreground and s >= 0 and requests[s].background
+            background[b] = follow is not None and s >= 0 and requests[s].background
 
         n_stop = max(len(r.stop) for r in requests)
         if n_stop:
@@ -602,7 +534,7 @@ class Sampler:
             )  # fmt: skip
         out = self._decode(
             params, cache, logits, prompt_mask, self._put_rows(max_new), self._put_rows(background),
-            stop_bytes, stop_len, table,
+            self._put_replicated(np.int32(follow or 0)), stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, prefix, offset, mode=mode,
         )  # fmt: skip
         tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process

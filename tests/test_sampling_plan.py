@@ -1,0 +1,173 @@
+"""The sampler's call planner (`sampling.plan`): padded positions against hand-computed shapes, and the
+sampler's results with calls cut into chunks by prompt length against the same call run whole."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
+
+from roleagent_jax.models import load_pretrained
+from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
+from roleagent_jax.sampling.plan import ACCELERATOR, CPU, Buckets, plan_call
+
+BUCKETS = Buckets.make(batch=(8, 16, 32), prompt=(64, 128, 256, 512), max_new_tokens_cap=64)
+
+
+def _shapes(plan):
+    return [(c.rows, c.prompt_bucket) for c in plan.chunks]
+
+
+def test_prompts_of_two_lengths_run_in_two_chunks_when_that_saves_prefill():
+    """6 prompts of 100 tokens between 6 of 300, 16 new tokens each. Whole: 16 rows x 512 slots = 8192
+    prefilled positions, cost 8192 + 16 x (2 x 16 + 20) = 9024 on a CPU. Cut: 8 x 128 + 8 x 512 =
+    5120 positions, cost 5120 + 2 x 16 x (2 x 8 + 20) = 6272: cut, short prompts first. On an
+    accelerator each decode loop costs 16 x 4096 more: whole."""
+    reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
+    plan = plan_call(reqs, BUCKETS, CPU)
+    assert _shapes(plan) == [(8, 128), (8, 512)]
+    assert [c.requests for c in plan.chunks] == [(0, 2, 4, 6, 8, 10), (1, 3, 5, 7, 9, 11)]
+    assert (plan.prefill_positions, plan.real_tokens, plan.cost(CPU)) == (5120, 2400, 6272)
+    whole = plan_call(reqs, BUCKETS, ACCELERATOR)
+    assert _shapes(whole) == [(16, 512)] and whole.prefill_positions == 8192
+    assert (
+        whole.chunks[0].requests == tuple(range(12)) and whole.foreground_rows == plan.foreground_rows == 16
+    )
+    # 7 prompts of 100 tokens and 1 of 130: whole (8 x 256 = 2048) beats cut (8 x 128 + 8 x 256).
+    few = [SampleRequest([1] * 100, 16)] * 7 + [SampleRequest([1] * 130, 16)]
+    assert _shapes(plan_call(few, BUCKETS, CPU)) == [(8, 256)]
+
+
+def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that_costs():
+    """After a 32-row foreground call, 13 background rows (8 of 100 tokens, 5 of 300; grouped) ran in
+    one plain chunk padded to 32 rows x 512 = 16384 positions; cut: 8 x 128 + 8 x 512 = 5120. Rows
+    that fill the foreground's shape keep it (no new program)."""
+    reqs = [SampleRequest([1] * 100, 16, group="g", background=True)] * 8
+    reqs += [SampleRequest([1] * 300, 16, background=True)] * 5
+    plan = plan_call(reqs, BUCKETS, CPU, foreground_rows=32)
+    assert _shapes(plan) == [(8, 128), (8, 512)] and plan.prefill_positions == 5120
+    assert all(c.layout is None for c in plan.chunks) and plan.foreground_rows == 0
+    full = [SampleRequest([1] * 300, 16, background=True)] * 32
+    assert _shapes(plan_call(full, BUCKETS, CPU, foreground_rows=32)) == [(32, 512)]
+    assert _shapes(plan_call(full[:5], BUCKETS, CPU, foreground_rows=8)) == [(8, 512)]
+
+
+def test_background_rows_beside_foreground_ones_share_one_chunk_that_runs_last():
+    """A group of 7 identical 300-token prompts shares 299 tokens; two loose foreground prompts and the
+    background rows would make every row keep 256 prompt slots in one chunk."""
+    reqs = [SampleRequest([5] * 300, 16, group="g")] * 7
+    reqs += [SampleRequest([2] * 100, 40, background=True), SampleRequest([3] * 200, 8)]
+    reqs += [SampleRequest([4] * 90, 40, background=True), SampleRequest([6] * 150, 8)]
+    plan = plan_call(reqs, BUCKETS, CPU)
+    assert not plan.waiting and len(plan.chunks) > 1
+    last = plan.chunks[-1]
+    assert {7, 9} <= set(last.requests)
+    assert all(not plan.requests[i].background for c in plan.chunks[:-1] for i in c.requests)
+    assert plan.requests[7].max_new_tokens == 16  # capped at the foreground's largest budget
+    one = plan_call(reqs, BUCKETS, ACCELERATOR)
+    assert len(one.chunks) == 1 and plan.prefill_positions < one.prefill_positions
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    tok = game_tokenizer()
+    path = tmp_path_factory.mktemp("tiny_qwen2_plan")
+    sampling_qwen2(len(tok)).save_pretrained(str(path))
+    module, cfg = load_pretrained(path)
+    graphdef, params = nnx.split(module)
+    # One chunk whatever the call (a single batch and prompt bucket), and the cutting sampler.
+    whole = Sampler(graphdef, cfg, tok, eos_ids=(), batch_buckets=(16,), prompt_buckets=(128,))
+    cut = Sampler(
+        graphdef, cfg, tok, eos_ids=(), batch_buckets=(4, 8, 16), prompt_buckets=(8, 16, 32, 64, 128)
+    )
+    cut.cost_model = CPU  # the CPU's cuts on any platform
+    return {"tok": tok, "module": module, "params": params, "whole": whole, "cut": cut}
+
+
+def _mixed(tok) -> list[SampleRequest]:
+    """Foreground: a group of 4 identical 98-token prompts (the longest budget), a group of 3 with a
+    60-token head (one scoring its last 2 tokens), 2 short loose prompts; background predictor rows, two
+    of them grouped. 9 foreground rows take the 16-row bucket, so all 4 background rows join."""
+    e = tok.encode
+    head_a, head_b = e(" ".join(TEXTS)), e(" ".join(TEXTS[::-1]))[:60]
+    reqs = [SampleRequest(head_a, 12, group="A") for _ in range(2)]
+    reqs.append(SampleRequest(e(TEXTS[2])[:7], 11, role="predictor", background=True))
+    tails = ("a", " open", "the knife 2 is here")
+    reqs += [
+        SampleRequest(head_b + e(t), 5, group="B", score_tokens=2 * (k == 1)) for k, t in enumerate(tails)
+    ]
+    reqs.append(SampleRequest(e(TEXTS[1])[:9], 3))
+    reqs += [SampleRequest(e(TEXTS[0])[:5], 16, role="predictor", group="A", background=True),
+             SampleRequest(e(TEXTS[2])[:12], 16, role="predictor", group="A", background=True)]  # fmt: skip
+    reqs += [SampleRequest(head_a, 12, group="A") for _ in range(2)]
+    reqs.append(SampleRequest(e(TEXTS[3])[5:18], 4))
+    reqs.append(SampleRequest(e("a"), 16, role="predictor", background=True))
+    return reqs
+
+
+def _assert_same(out, ref):
+    for o, r in zip(out, ref, strict=True):
+        assert (o.token_ids, o.finish_reason, o.text, o.role) == (
+            r.token_ids,
+            r.finish_reason,
+            r.text,
+            r.role,
+        )
+        np.testing.assert_allclose(o.logprobs, r.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(o.prompt_logprobs, r.prompt_logprobs, atol=1e-5, rtol=0)
+
+
+def test_cut_calls_give_the_whole_calls_greedy_results(model):
+    """Mixed lengths, groups, a scored prompt and background rows, the group "A" rows ended early by a
+    stop: cut into chunks by prompt length, every request gets the tokens, log-probs, prompt scores and
+    finish reason of the call run whole, in request order, and each background row, in a chunk of its
+    own rows, decodes exactly as long as the longest foreground response of the whole call."""
+    tok, params, whole, cut = model["tok"], model["params"], model["whole"], model["cut"]
+    greedy = SamplingParams(greedy=True)
+    reqs = _mixed(tok)
+    first = whole.generate(params, reqs, greedy, jax.random.key(0))
+    stop = (tok.decode(first[0].token_ids[:10]),)  # their whole text at their 10th token
+    reqs = [dataclasses.replace(r, stop=stop) if r.group == "A" and r.role == "agent" else r for r in reqs]
+
+    plan = cut.plan(reqs)
+    assert len(whole.plan(reqs).chunks) == 1 and len(plan.chunks) >= 2
+    background = {i for i, r in enumerate(reqs) if r.background}
+    assert background <= set(plan.chunks[-1].requests) and plan.prefill_positions < 16 * 128
+    ref = whole.generate(params, reqs, greedy, jax.random.key(0))
+    out = cut.generate(params, reqs, greedy, jax.random.key(0))
+    _assert_same(out, ref)
+    assert len(out[4].prompt_logprobs) == 2
+
+    longest = max(len(o.token_ids) for i, o in enumerate(out) if i not in background)
+    own = max(len(out[i].token_ids) for i in plan.chunks[-1].requests if i not in background)
+    assert out[0].finish_reason == "stop" and own < longest == 10
+    for i in background:
+        assert len(out[i].token_ids) == min(longest, reqs[i].max_new_tokens)
+        assert out[i].finish_reason == ("paused" if longest < reqs[i].max_new_tokens else "length")
+
+
+def test_cut_calls_sample_from_the_policy_and_reuse_their_programs(model):
+    """Sampled rows of a cut call: each token's log-prob is the training forward's, a seed repeats the
+    call, and new weights compile nothing new."""
+    tok, params, cut, module = model["tok"], model["params"], model["cut"], model["module"]
+    reqs = _mixed(tok)
+    warm = SamplingParams(temperature=1.0)
+    out = cut.generate(params, reqs, warm, jax.random.key(3))
+    again = cut.generate(params, reqs, warm, jax.random.key(3))
+    assert [o.token_ids for o in out] == [o.token_ids for o in again]
+    rows = [r.prompt_ids + o.token_ids for r, o in zip(reqs, out)]
+    ids, mask = left_padded(rows)
+    logp = np.asarray(jax.nn.log_softmax(module(jnp.asarray(ids), jnp.asarray(mask)), axis=-1))
+    width = ids.shape[1]
+    for b, o in enumerate(out):
+        start = width - len(o.token_ids)
+        ref = logp[b, np.arange(start - 1, width - 1), o.token_ids]
+        np.testing.assert_allclose(o.logprobs, ref, atol=1e-4, rtol=0)
+    compiled = cut.num_compilations
+    cut.generate(jax.tree.map(lambda x: x * 1.01, params), reqs, warm, jax.random.key(4))
+    assert cut.num_compilations == compiled
