@@ -1,6 +1,8 @@
-"""Test session set-up: a fake 8-device CPU mesh, and the location of the shared ALFWorld data."""
+"""Test session set-up: a fake 8-device CPU mesh, a private folder for generated tasks, and the location
+of the shared ALFWorld data."""
 
 import os
+from collections.abc import Iterator
 
 # Must happen before JAX initialises its backends: every test sees 8 CPU devices.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -20,6 +22,16 @@ def shared_alfworld_dir() -> Path | None:
         if cand and (Path(cand) / "json_2.1.1").is_dir():
             return Path(cand)
     return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def generated_tasks_dir(tmp_path_factory) -> Iterator[Path]:
+    """Tasks generated without a folder named ($ROLEAGENT_GEN_DIR, inherited by subprocesses) go to this
+    session's own folder: the user's cache is shared by parallel test processes and by earlier runs."""
+    folder = tmp_path_factory.mktemp("generated")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROLEAGENT_GEN_DIR", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")

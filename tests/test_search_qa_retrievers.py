@@ -131,12 +131,13 @@ def test_http_timeout(server):
 
 
 def test_http_server_down():
-    with socket.socket() as s:  # a port nobody listens on once this socket is closed
+    # Bound but never listening: connections are refused, and no other process can take the port meanwhile.
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/retrieve"
-    with pytest.raises(RetrieverUnavailable, match=re.escape(url) + r" is not reachable .* after 3 attempt"):
-        HTTPRetriever(url, timeout=1, retries=2, backoff=0.0).retrieve(["x"], 3)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
+        refused = re.escape(url) + r" is not reachable .* after 3 attempt"
+        with pytest.raises(RetrieverUnavailable, match=refused):
+            HTTPRetriever(url, timeout=1, retries=2, backoff=0.0).retrieve(["x"], 3)
 
 
 @pytest.mark.parametrize(
