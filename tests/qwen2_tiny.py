@@ -175,6 +175,34 @@ def sampling_qwen2(vocab: int):
     return model
 
 
+def saved_sampling_model(path):
+    """`sampling_qwen2` over `game_tokenizer`'s vocabulary, saved at `path` and loaded back as the project
+    loads a checkpoint: (tokenizer, module, config, graphdef, params)."""
+    from flax import nnx
+
+    from roleagent_jax.models import load_pretrained
+
+    tok = game_tokenizer()
+    sampling_qwen2(len(tok)).save_pretrained(str(path))
+    module, cfg = load_pretrained(path)
+    graphdef, params = nnx.split(module)
+    return tok, module, cfg, graphdef, params
+
+
+def assert_same_results(out, ref, atol: float = 1e-5) -> None:
+    """Two lists of `SampleResult`s agree: tokens, finish reasons, text and role exactly, log-probs and
+    prompt scores within `atol`."""
+    for o, r in zip(out, ref, strict=True):
+        assert (o.token_ids, o.finish_reason, o.text, o.role) == (
+            r.token_ids,
+            r.finish_reason,
+            r.text,
+            r.role,
+        )
+        np.testing.assert_allclose(o.logprobs, r.logprobs, atol=atol, rtol=0)
+        np.testing.assert_allclose(o.prompt_logprobs, r.prompt_logprobs, atol=atol, rtol=0)
+
+
 def tiny_sft_model(max_positions: int = 64):
     """(graphdef, params) of a 1-layer random Qwen2 over a 64-token vocabulary, for warm-start tests."""
     from flax import nnx

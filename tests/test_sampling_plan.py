@@ -9,10 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
+from qwen2_tiny import TEXTS, assert_same_results, left_padded, saved_sampling_model
 
-from roleagent_jax.models import load_pretrained
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling.plan import ACCELERATOR, CPU, Buckets, plan_call
 
@@ -75,11 +73,7 @@ def test_background_rows_beside_foreground_ones_share_one_chunk_that_runs_last()
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    tok = game_tokenizer()
-    path = tmp_path_factory.mktemp("tiny_qwen2_plan")
-    sampling_qwen2(len(tok)).save_pretrained(str(path))
-    module, cfg = load_pretrained(path)
-    graphdef, params = nnx.split(module)
+    tok, module, cfg, graphdef, params = saved_sampling_model(tmp_path_factory.mktemp("tiny_qwen2_plan"))
     # One chunk whatever the call (a single batch and prompt bucket), and the cutting sampler.
     whole = Sampler(graphdef, cfg, tok, eos_ids=(), batch_buckets=(16,), prompt_buckets=(128,))
     cut = Sampler(
@@ -110,18 +104,6 @@ def _mixed(tok) -> list[SampleRequest]:
     return reqs
 
 
-def _assert_same(out, ref):
-    for o, r in zip(out, ref, strict=True):
-        assert (o.token_ids, o.finish_reason, o.text, o.role) == (
-            r.token_ids,
-            r.finish_reason,
-            r.text,
-            r.role,
-        )
-        np.testing.assert_allclose(o.logprobs, r.logprobs, atol=1e-5, rtol=0)
-        np.testing.assert_allclose(o.prompt_logprobs, r.prompt_logprobs, atol=1e-5, rtol=0)
-
-
 def test_cut_calls_give_the_whole_calls_greedy_results(model):
     """Mixed lengths, groups, a scored prompt and background rows, the group "A" rows ended early by a
     stop: cut into chunks by prompt length, every request gets the tokens, log-probs, prompt scores and
@@ -140,7 +122,7 @@ def test_cut_calls_give_the_whole_calls_greedy_results(model):
     assert background <= set(plan.chunks[-1].requests) and plan.prefill_positions < 16 * 128
     ref = whole.generate(params, reqs, greedy, jax.random.key(0))
     out = cut.generate(params, reqs, greedy, jax.random.key(0))
-    _assert_same(out, ref)
+    assert_same_results(out, ref)
     assert len(out[4].prompt_logprobs) == 2
 
     longest = max(len(o.token_ids) for i, o in enumerate(out) if i not in background)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen2_tiny import TEXTS, game_tokenizer, left_padded, sampling_qwen2
+from qwen2_tiny import TEXTS, assert_same_results, left_padded, saved_sampling_model
 
 from roleagent_jax.models import load_pretrained
 from roleagent_jax.models.qwen2 import (
@@ -30,11 +30,8 @@ GREEDY = SamplingParams(greedy=True)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    tok = game_tokenizer()
     path = tmp_path_factory.mktemp("tiny_qwen2_prefix")
-    sampling_qwen2(len(tok)).save_pretrained(str(path))
-    model, cfg = load_pretrained(path)
-    graphdef, params = nnx.split(model)
+    tok, model, cfg, graphdef, params = saved_sampling_model(path)
     sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(16, 128))
     return {"tok": tok, "path": path, "model": model, "params": params, "sampler": sampler}
 
@@ -82,18 +79,6 @@ def _with_stops(tok, reqs, plain_out):
     return reqs
 
 
-def _assert_same(out, ref, atol=1e-5):
-    for o, r in zip(out, ref, strict=True):
-        assert (o.token_ids, o.finish_reason, o.text, o.role) == (
-            r.token_ids,
-            r.finish_reason,
-            r.text,
-            r.role,
-        )
-        np.testing.assert_allclose(o.logprobs, r.logprobs, atol=atol, rtol=0)
-        np.testing.assert_allclose(o.prompt_logprobs, r.prompt_logprobs, atol=atol, rtol=0)
-
-
 def test_shared_prefix_greedy_equals_plain_path(setup):
     tok, sampler, params = setup["tok"], setup["sampler"], setup["params"]
     reqs = _requests(tok)
@@ -103,7 +88,7 @@ def test_shared_prefix_greedy_equals_plain_path(setup):
     out = sampler.generate(params, reqs, GREEDY, jax.random.key(0))
     layout = sampler.last_layout
     assert layout is not None
-    _assert_same(out, ref)
+    assert_same_results(out, ref)
     assert [o.finish_reason for o in out].count("stop") == 2 and out[7].finish_reason == "length"
     assert len({len(o.token_ids) for o in out}) > 3 and len({tuple(o.token_ids) for o in out}) > 3
 
@@ -140,7 +125,7 @@ def test_shared_prefix_on_the_8_device_mesh_with_scanned_layers(setup):
     out = sampler.generate(params, reqs, GREEDY, jax.random.key(0))
     layout = sampler.last_layout
     assert layout is not None and layout.groups % 4 == 0  # whole groups on each of the 4 batch shards
-    _assert_same(out, ref)
+    assert_same_results(out, ref)
 
 
 def test_sampled_logprobs_equal_the_training_forward(setup):
@@ -187,7 +172,7 @@ def test_scored_prompt_tokens_stay_out_of_the_shared_prefix(setup):
         own = min(len(reqs[i].prompt_ids) - reqs[i].score_tokens - 1 for i in members)
         share = min(_common([reqs[i].prompt_ids for i in members]), own)
         assert share > 90 and all(layout.prefix_len[where[i]] == share for i in members)
-    _assert_same(out, sampler.generate(params, _ungrouped(reqs), GREEDY, jax.random.key(0)))
+    assert_same_results(out, sampler.generate(params, _ungrouped(reqs), GREEDY, jax.random.key(0)))
     ids, mask = left_padded([r.prompt_ids for r in reqs])
     ref, _ = token_logprobs(setup["model"](jnp.asarray(ids), jnp.asarray(mask)), jnp.asarray(ids))
     for b, (r, o) in enumerate(zip(reqs, out)):
@@ -303,7 +288,9 @@ def test_more_requests_than_a_call_holds_keep_their_order(setup):
         members = {i for i, r in enumerate(reqs) if r.group == group}
         assert sum(members <= c for c in chunks) == 1
     out = small.generate(setup["params"], reqs, GREEDY, jax.random.key(0))
-    _assert_same(out, setup["sampler"].generate(setup["params"], _ungrouped(reqs), GREEDY, jax.random.key(0)))
+    assert_same_results(
+        out, setup["sampler"].generate(setup["params"], _ungrouped(reqs), GREEDY, jax.random.key(0))
+    )
 
 
 def test_bad_group_raises(setup):
