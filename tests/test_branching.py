@@ -13,6 +13,8 @@ import pytest
 from conftest import load_config
 from flax import nnx
 
+from roleagent_jax.backends.base import FoldedCalls
+from roleagent_jax.backends.jax import JaxBackend
 from roleagent_jax.config import CONFIG, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.envs.search_qa.parser import parse_turn
@@ -21,7 +23,7 @@ from roleagent_jax.models.tokenizer import PromptEncoder, train_bpe_tokenizer
 from roleagent_jax.rl.logprobs import make_logprob_fn
 from roleagent_jax.rl.ppo import pack_rows, ppo_batch
 from roleagent_jax.run.branching import branch_slots, last_slots
-from roleagent_jax.run.metrics import branch_success
+from roleagent_jax.run.metrics import branch_success, iteration_metrics
 from roleagent_jax.run.rollout import collect
 from roleagent_jax.sampling import Sampler, SampleResult, SamplingParams
 from roleagent_jax.types import RolloutSettings
@@ -96,12 +98,17 @@ def at(result, step):
     return {r.traj_id: r for r in result.rows if r.step_index == step}
 
 
+def random_model(tok, seed: int):
+    """A random one-layer model of the tokenizer's vocabulary: its config, graphdef and params."""
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
+    return (cfg, *nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(seed))))
+
+
 def random_sampler(tok, seed: int):
     """A random one-layer model on the real sampler: its graphdef, its params and a `generate` that
     draws each call's key from ``seed``."""
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)  # fmt: skip
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(seed)))
+    cfg, graphdef, params = random_model(tok, seed)
     sampler = Sampler(graphdef, cfg, tok, eos_ids=(), prompt_buckets=(128, 256, 512), max_new_tokens_cap=8)
     keys = iter(jax.random.split(jax.random.key(seed), 8))
 
@@ -395,3 +402,21 @@ def test_no_win_replays_only_groups_without_a_win_from_the_shared_prefix_with_th
     assert result.stats["branch_episodes/<search>/all"] + result.stats["branch_episodes/<answer>/all"] == 6
     assert sorted(t.won for t in result.trajectories) == [False] * 4 + [True] * 4
     assert [kind for kind, _ in result.branch_prompts] == [pool[0].type, pool[1].type]
+
+
+def test_an_iteration_logs_the_samplers_prefill_and_decode_seconds_within_generation(world):
+    """A rollout through the jax backend: the iteration's metrics carry `time/generate/prefill` and
+    `/decode`, together at most `time/generate`, and the programs compiled; a backend that keeps no
+    stats (here a plain function) logs neither."""
+    _, tok = world
+    cfg, graphdef, params = random_model(tok, 0)
+    backend = JaxBackend(graphdef, cfg, tok, eos_ids=())
+    backend.update_weights(params)
+    result = play(world, FoldedCalls(backend, SamplingParams(), jax.random.key(0)))
+    metrics = iteration_metrics({}, result, result.rows, np.zeros(len(result.rows)), FAMILY.task_types, {})
+    prefill, decode = metrics["time/generate/prefill"], metrics["time/generate/decode"]
+    assert prefill >= 0 and decode >= 0 and prefill + decode <= metrics["time/generate"]
+    assert metrics["rollout/compilations"] == backend.sampler.num_compilations > 0
+    plain = play(world, Scripted(tok))
+    metrics = iteration_metrics({}, plain, plain.rows, np.zeros(len(plain.rows)), FAMILY.task_types, {})
+    assert not [k for k in metrics if k.startswith("time/generate/") or k == "rollout/compilations"]

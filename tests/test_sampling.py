@@ -4,6 +4,7 @@ plain-Python string search, and itself on one device vs the fake 8-device mesh."
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +119,19 @@ def test_scoring_asks_for_tokens_that_have_a_predictor(setup, plain):
                      (SampleRequest(p, 0), "max_new_tokens=0 must score some prompt tokens")):  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             plain.generate(setup["params"], [bad], SamplingParams(greedy=True), jax.random.key(0))
+
+
+def test_prefill_and_decode_seconds_are_parts_of_the_call(setup, plain):
+    """The seconds a call adds to `seconds` (prefill, decode) are those two phases only, both within
+    the call's own wall time."""
+    before = dict(plain.seconds)
+    reqs = [SampleRequest(p, 6 + i) for i, p in enumerate(setup["prompts"])]
+    start = time.perf_counter()
+    plain.generate(setup["params"], reqs, SamplingParams(temperature=0.8), jax.random.key(5))
+    wall = time.perf_counter() - start
+    spent = {k: v - before[k] for k, v in plain.seconds.items()}
+    assert set(spent) == {"prefill", "decode"}
+    assert min(spent.values()) >= 0 and sum(spent.values()) <= wall
 
 
 def test_compiles_once_per_bucket_and_not_for_new_weights(setup):

@@ -7,6 +7,11 @@ request asks it to score (`SampleRequest.score_tokens`: forced tokens that are t
 log_softmax of the policy's raw logits, as the trainer computes them. The reference's never come from a
 backend.
 
+A backend may also say where its time goes with a `stats()` method (not part of the protocol, which
+every backend meets without it): running totals since it was built, seconds under `time_<phase>` keys
+(the jax backend: `time_prefill`, `time_decode`) and counts under others (`compilations`). The rollout
+logs how much each grew while it played (`FoldedCalls` passes them on).
+
 The registry names each backend's class by module and attribute, so the config reads the names and
 a run imports only the backend it uses.
 """
@@ -40,18 +45,23 @@ class RolloutBackend(Protocol):
 BACKENDS: dict[str, str] = {"jax": "roleagent_jax.backends.jax:JaxBackend"}
 
 
-def folded_calls(backend: RolloutBackend, sampling: SamplingParams, key: jax.Array):
+class FoldedCalls:
     """`backend.generate` as one callable of the requests, each call with its own fold of `key` (the
-    n-th call's key is ``fold_in(key, n)``, so one phase's samples do not depend on another's calls)."""
-    import jax  # at call time: the config reads the registry without loading JAX
+    n-th call's key is ``fold_in(key, n)``, so one phase's samples do not depend on another's calls);
+    `stats` is the backend's (empty for a backend without one)."""
 
-    calls = [0]
+    def __init__(self, backend: RolloutBackend, sampling: SamplingParams, key: jax.Array) -> None:
+        self.backend, self.sampling, self.key, self.calls = backend, sampling, key, 0
 
-    def generate(requests: Sequence[SampleRequest]) -> list[SampleResult]:
-        calls[0] += 1
-        return backend.generate(requests, sampling, jax.random.fold_in(key, calls[0]))
+    def __call__(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
+        import jax  # at call time: the config reads the registry without loading JAX
 
-    return generate
+        self.calls += 1
+        return self.backend.generate(requests, self.sampling, jax.random.fold_in(self.key, self.calls))
+
+    def stats(self) -> dict[str, float]:
+        stats = getattr(self.backend, "stats", None)
+        return dict(stats()) if stats is not None else {}
 
 
 def make_backend(name: str, graphdef, model_config, tokenizer, mesh=None, **options: Any) -> RolloutBackend:

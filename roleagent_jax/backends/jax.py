@@ -36,3 +36,9 @@ class JaxBackend:
         if self.params is None:
             raise RuntimeError("the rollout backend has no weights yet: call update_weights first")
         return self.sampler.generate(self.params, requests, sampling, key)
+
+    def stats(self) -> dict[str, float]:
+        """Running totals: the sampler's seconds in prefill and in decode, and the programs it compiled."""
+        s = self.sampler
+        return {"time_prefill": s.seconds["prefill"], "time_decode": s.seconds["decode"],
+                "compilations": float(s.num_compilations)}  # fmt: skip

@@ -120,8 +120,23 @@ def iteration_metrics(
             "time/env": stats["time_env"],
         }
     )
+    out.update(generation_parts(stats))
     out.update(branch_success(stats))
     out.update({f"time/{k}": v for k, v in times.items()})
+    return out
+
+
+def generation_parts(stats: dict[str, float]) -> dict[str, float]:
+    """What the backend said of its calls (`rollout.backend_growth`): the seconds of each phase of
+    generation as `time/generate/<phase>` (the jax backend: `prefill`, `decode`; the rest of
+    `time/generate` is host work: planning, padding, detokenizing) and its counts as `rollout/<name>`
+    (`compilations`: programs compiled during the rollout)."""
+    out = {}
+    for k, v in stats.items():
+        if k.startswith("time_generate/"):
+            out[f"time/generate/{k.partition('/')[2]}"] = v
+        elif k.startswith("generate/"):
+            out[f"rollout/{k.partition('/')[2]}"] = v
     return out
 
 

@@ -304,6 +304,7 @@ def collect(
         else None
     )
     timed = _Timed(global_call(generate, gather, rank))
+    totals = backend_totals(generate)
     always = settings.expert_branch and settings.expert_when == "always"
     expert = last_slots(branch_slots(groups), settings.expert_slots) if always else ()
     agent = SamplerAgent(timed, family, encode, settings, predictor, predictions, slot_offset, groups, expert)
@@ -347,6 +348,7 @@ def collect(
         "agent_steps": len(rows),
         "replayed_answers": sum(a.replayed for a in counts),
     })  # fmt: skip
+    stats.update(backend_growth(totals, backend_totals(generate)))
     for t in trajs:  # what each opener's branches won, per task type (`branch_success`)
         opener = opened.get(t.traj_id)
         for key in (f"{opener}/{t.task_type}", f"{opener}/all") if opener else ():
@@ -393,6 +395,23 @@ def collect_all(generate: GenerateFn, family: Family, envs, task_ids: Sequence[i
         gather=distributed.allgather_objects if multi else None, rank=jax.process_index(),
     )  # fmt: skip
     return RolloutResult.merge(distributed.allgather_objects(local)) if multi else local
+
+
+def backend_totals(generate: GenerateFn) -> dict[str, float]:
+    """The running totals of the backend behind `generate` (`backends.base.FoldedCalls.stats`); {} for a
+    plain function or a backend that keeps none."""
+    stats = getattr(generate, "stats", None)
+    return stats() if stats is not None else {}
+
+
+def backend_growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How much each backend total grew, as rollout stats: seconds (`time_<phase>`) as
+    `time_generate/<phase>`, a part of `time_generate`; counts as `generate/<name>`."""
+    out = {}
+    for k, v in after.items():
+        name = f"time_generate/{k[len('time_') :]}" if k.startswith("time_") else f"generate/{k}"
+        out[name] = v - before.get(k, 0.0)
+    return out
 
 
 class _Timed:

@@ -23,7 +23,7 @@ from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
 from roleagent_jax import aiw
-from roleagent_jax.backends.base import folded_calls
+from roleagent_jax.backends.base import FoldedCalls
 from roleagent_jax.config import apply_algo, family_options, validate
 from roleagent_jax.envs import get_family
 from roleagent_jax.evaluation.trained_settings import EVAL_KEY_OFFSET, run_settings, write_settings
@@ -117,7 +117,7 @@ class Trainer:
     def generate_fn(self, sampling: SamplingParams, key):
         """The current policy's batched sampler call, each invocation with its own fold of `key`."""
         self.backend.update_weights(self.policy_params())
-        return folded_calls(self.backend, sampling, key)
+        return FoldedCalls(self.backend, sampling, key)
 
     # ------------------------------------------------------------------ one iteration
 

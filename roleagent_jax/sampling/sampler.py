@@ -23,6 +23,7 @@ background rows keep to the call's foreground rows across chunks (their chunk ru
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -137,6 +138,9 @@ class Sampler:
 
     `num_compilations` counts traces of the two jitted functions (one per new bucket shape or
     sampling mode); it stays flat across calls whose shapes fall in known buckets and across new weights.
+    `seconds` adds up, over every call, the wall time of each chunk's prefill (until its logits are
+    ready) and of its decode loop (until its tokens are on the host), so a caller can tell the model's
+    time from the host's (planning, padding, detokenizing) by the difference over a call.
     With a mesh, rows are split over the ("data", "fsdp") axes, the cache follows
     `qwen2.cache_sharding` and the weights `sharding.param_shardings`; a shared-prefix call splits
     whole groups (their prefix cache beside their rows) the same way. `plan` shows how a call would
@@ -182,6 +186,7 @@ class Sampler:
         platform = (jax.devices()[0] if mesh is None else mesh.devices.flat[0]).platform
         self.cost_model = cost_model(platform)
         self.num_compilations = 0
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
         self.last_layout: PrefixLayout | None = None
         self._foreground_rows = 0  # batch rows of the last call that had a foreground request
         self._pieces: list[bytes] | None = None
@@ -520,6 +525,7 @@ class Sampler:
         # the prefill's scored columns, in few shapes: the most tokens a row scores plus the last slot
         scored = max(r.score_tokens for r in requests)
         tail = min(plen, _pow2_at_least(scored + 1, 8)) if scored else 1
+        start = time.perf_counter()
         if layout is None:
             prefix = offset = None
             logits, cache, scores = self._prefill(
@@ -532,12 +538,16 @@ class Sampler:
                 params, prefix_ids, prefix_mask, self._put_rows(ids), prompt_mask, offset,
                 cache_len=cache_len, tail=tail,
             )  # fmt: skip
+        jax.block_until_ready(logits)  # the prefill's time ends with its work, before the decode is sent
+        prefilled = time.perf_counter()
+        self.seconds["prefill"] += prefilled - start
         out = self._decode(
             params, cache, logits, prompt_mask, self._put_rows(max_new), self._put_rows(background),
             self._put_replicated(np.int32(follow or 0)), stop_bytes, stop_len, table,
             self._put_replicated(rng), knobs, eos, prefix, offset, mode=mode,
         )  # fmt: skip
         tokens, logps, n_gen, finish = distributed.fetch(out[0])  # rows of every process
+        self.seconds["decode"] += time.perf_counter() - prefilled
         scores = distributed.fetch(scores) if scored else None
         results: list[SampleResult | None] = [None] * n
         for b, s in enumerate(slots):
