@@ -9,12 +9,8 @@ from typing import Any
 import jax
 
 from roleagent_jax.sampling.plan import BATCH_BUCKETS
-from roleagent_jax.sampling.sampler import (
-    Sampler,
-    SampleRequest,
-    SampleResult,
-    SamplingParams,
-)
+from roleagent_jax.sampling.requests import SampleRequest, SampleResult, SamplingParams
+from roleagent_jax.sampling.sampler import Sampler
 
 
 class JaxBackend:

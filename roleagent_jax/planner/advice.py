@@ -26,7 +26,7 @@ from roleagent_jax.planner.memory import (
 )
 from roleagent_jax.planner.workload import Workload, parse_mesh
 from roleagent_jax.rl.optimizer import make_optimizer
-from roleagent_jax.sampling.sampler import BATCH_BUCKETS
+from roleagent_jax.sampling.plan import BATCH_BUCKETS
 
 # HBM per chip (GiB) of the accelerators users run on; --hbm-gb overrides.
 CHIP_HBM_GB: dict[str, float] = {

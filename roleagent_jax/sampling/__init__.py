@@ -2,13 +2,8 @@
 
 from roleagent_jax.sampling.choose import choose_tokens
 from roleagent_jax.sampling.plan import BATCH_BUCKETS, capped_batch_buckets
-from roleagent_jax.sampling.sampler import (
-    FINISH_REASONS,
-    Sampler,
-    SampleRequest,
-    SampleResult,
-    SamplingParams,
-)
+from roleagent_jax.sampling.requests import FINISH_REASONS, SampleRequest, SampleResult, SamplingParams
+from roleagent_jax.sampling.sampler import Sampler
 
 __all__ = [
     "BATCH_BUCKETS",

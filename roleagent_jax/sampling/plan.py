@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from roleagent_jax.sampling.prefix import (
     PrefixLayout,
@@ -26,9 +25,7 @@ from roleagent_jax.sampling.prefix import (
     layout_of_groups,
     sharing_groups,
 )
-
-if TYPE_CHECKING:
-    from roleagent_jax.sampling.sampler import SampleRequest
+from roleagent_jax.sampling.requests import SampleRequest
 
 # Steps of a quarter to a half above 32 rows: one call's rows (agent rows plus however many predictions
 # are still running, or a 96-game evaluation panel) rarely sit just under a power of two, and a call
