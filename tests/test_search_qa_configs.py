@@ -36,6 +36,7 @@ def test_paper_settings():
     )
 
 
+@pytest.mark.slow  # a whole run end to end (40-140 s on 2 cores): `pytest -m slow`
 def test_demo_shrunk_to_seconds_trains_and_evaluates(tmp_path):
     """Warm start on expert play, evaluation before/after, one RL iteration, report, Hugging Face export."""
     c = shrunk(load("search_qa_demo"), tmp_path / "run")

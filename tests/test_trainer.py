@@ -215,6 +215,7 @@ def run_cmd(args: list[str], timeout: float | None = None) -> subprocess.Complet
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env(), timeout=timeout)
 
 
+@pytest.mark.slow  # a whole run end to end (40-140 s on 2 cores): `pytest -m slow`
 def test_demo_cli_end_to_end(tmp_path):
     """The shortened demo: warm start, evaluation before/after, one RL iteration, report, HF export."""
     steps = "--config.warmstart.steps=102"  # the report keeps every 2nd loss: the last must still be there

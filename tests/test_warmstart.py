@@ -158,6 +158,7 @@ def test_copy_batches_repeat_a_random_run_and_depend_only_on_seed_and_index():
         next(copy_batches([5], 4, seed=0))
 
 
+@pytest.mark.slow  # a whole run end to end (40-140 s on 2 cores): `pytest -m slow`
 def test_copy_steps_come_first_and_a_killed_warm_start_resumes_through_them(tmp_path):
     import jax
     from qwen2_tiny import Killed, kill_after, tiny_sft_model

@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import pytest
 from conftest import load_config, shrunk
 
 
@@ -18,6 +19,7 @@ def shrunk_demo(workdir: Path):
     return c
 
 
+@pytest.mark.slow  # a whole run end to end (40-140 s on 2 cores): `pytest -m slow`
 def test_webshop_demo_trains_through_the_trainer(tmp_path):
     from roleagent_jax.run.trainer import Trainer
 
