@@ -117,6 +117,9 @@ class CostModel:
     row_step: float
     step: float
 
+    def of(self, prefill_positions: int, steps: int, rows: int) -> float:
+        return prefill_positions + steps * (self.row_step * rows + self.step)
+
 
 CPU = CostModel(row_step=2.0, step=20.0)
 ACCELERATOR = CostModel(row_step=1.0, step=4096.0)
@@ -158,7 +161,7 @@ class Chunk:
         return self.rows * self.prompt_bucket + shared
 
     def cost(self, model: CostModel) -> float:
-        return self.prefill_positions + self.steps * (model.row_step * self.rows + model.step)
+        return model.of(self.prefill_positions, self.steps, self.rows)
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ def by_length(
             else:  # the plain layout: `chunk_plan`'s shapes and cost, without building them
                 batch = _round_up(bucket(count, buckets.batch, "batch size", ""), buckets.row_multiple)
                 plen = bucket(widest, buckets.prompt, "prompt length", "")
-                cost = batch * plen + most * (model.row_step * batch + model.step)
+                cost = model.of(batch * plen, most, batch)
             option = (best[i][0] + cost, best[i][1] + 1)
             if option < best[j]:
                 best[j], start[j] = option, i
