@@ -30,9 +30,13 @@ def test_registered(fam):
 
 
 def test_generated_splits_are_disjoint_and_deterministic(fam, gen_dir):
-    test, train, unseen = (_pool(fam, gen_dir, s) for s in ("gen_test", "gen_train", "gen_unseen"))
-    ids = [{t.id for t in p.tasks} for p in (test, train, unseen)]
-    assert all(len(x) == 20 for x in ids) and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    splits = ("gen_test", "gen_valid", "gen_train", "gen_unseen")
+    test, valid, train, unseen = (_pool(fam, gen_dir, s) for s in splits)
+    ids = [{t.id for t in p.tasks} for p in (test, valid, train, unseen)]
+    assert all(len(x) == 20 for x in ids) and not any(a & b for i, a in enumerate(ids) for b in ids[i + 1 :])
+    # the held-out half of the seen families' goals, cut in two: the reported panel and the validation slice
+    whole = [len(_pool(fam, gen_dir, s, n=0).tasks) for s in splits[:3]]
+    assert whole[0] + whole[1] == whole[2] and abs(whole[0] - whole[1]) <= 1
     assert [t.id for t in _pool(fam, gen_dir, "gen_test").tasks] == [t.id for t in test.tasks]
     assert [t.goal for t in _pool(fam, gen_dir, "gen_test", seed=1).tasks] != test.goals
     assert set(test.task_types) <= set(fam.task_types)
@@ -47,10 +51,10 @@ def test_generated_splits_are_disjoint_and_deterministic(fam, gen_dir):
 
 def test_goals_per_product_puts_new_instructions_on_trained_products_in_the_test_split(fam, gen_dir):
     opts = {"n_products": 50, "goals_per_product": 4}
-    test, train = (
-        fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks for s in ("gen_test", "gen_train")
+    test, valid, train = (
+        fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks for s in ("gen_test", "gen_valid", "gen_train")
     )
-    assert len(test) == len(train) == 80  # 40 products of seen families x 4 instructions, halved
+    assert len(test) == len(valid) == 40 and len(train) == 80  # 40 seen products x 4 instructions: 1/4, 1/4, 1/2
     asin = lambda t: t.id.split(":")[1]  # noqa: E731
     trained = {asin(t) for t in train}
     shared = [t for t in test if asin(t) in trained]
@@ -58,12 +62,12 @@ def test_goals_per_product_puts_new_instructions_on_trained_products_in_the_test
     goals = {(asin(t), t.goal) for t in train}
     assert not any((asin(t), t.goal) in goals for t in shared)  # ...with instructions never trained on
     per_product = {}
-    for t in test + train:
+    for t in test + valid + train:
         per_product.setdefault(asin(t), set()).add(t.goal)
     assert max(len(g) for g in per_product.values()) == 4 and len(per_product) == 40
     assert all(t.expert_plan and t.expert_plan[-1] == "click[buy now]" for t in test + train)
     one = fam.task_pool("gen_test", gen_dir=gen_dir, seed=0, options={"n_products": 50}).tasks
-    assert len(one) == 20 and {asin(t) for t in one} <= set(per_product)  # same products, one goal each
+    assert len(one) == 10 and {asin(t) for t in one} <= set(per_product)  # same products, one goal each
     with pytest.raises(ValueError, match="goals_per_product"):
         fam.task_pool("gen_test", gen_dir=gen_dir, options={"n_products": 50, "goals_per_product": 0})
 

@@ -5,10 +5,12 @@ Splits. Real data (WebShop's files in `data_dir` or $WEBSHOP_DATA), by the optio
 goals (one per option combination of each product), "train" goals 500 onwards, "test" a fixed draw of
 256 of the first 500 (the reference evaluates 2 x 128 episodes drawn from them); "webshop" (WebShop's
 own protocol): the human instructions, "test" the first 500 goals, "train" the rest. The protocol
-concerns real data only. Generated (no download): "gen_test" and
+concerns real data only. Generated (no download): "gen_test", "gen_valid" and
 "gen_train" are disjoint goals on the seen product families of one generated shop (the first and the
-second half of them, in WebShop's shuffled goal order: with the shop option `goals_per_product` > 1 a
-product's goals fall on both sides), "gen_unseen" the goals on families that are never trained on; `n` takes the
+second quarter, and the second half of them, in WebShop's shuffled goal order: with the shop option
+`goals_per_product` > 1 a product's goals fall on every side). "gen_valid" is a validation slice of the
+held-out goals, drawn like "gen_test": recipes are chosen on it, so the reported "gen_test" panel
+chooses nothing. "gen_unseen" holds the goals on families that are never trained on; `n` takes the
 first n goals of the split, `seed` picks the shop (the option `shop_seed` fixes one for every seed: a
 trainer draws each purpose's tasks with its own seed, so without it training and evaluation get
 different shops).
@@ -36,7 +38,7 @@ from roleagent_jax.envs.webshop.search import INDEXES
 from roleagent_jax.envs.webshop.taxonomy import FAILURE_KEYWORDS, FAILURE_TYPES
 
 REAL_SPLITS = ("test", "train")
-GEN_SPLITS = ("gen_test", "gen_train", "gen_unseen")
+GEN_SPLITS = ("gen_test", "gen_valid", "gen_train", "gen_unseen")
 PROTOCOLS = {"paper": "synthetic", "webshop": "human"}  # protocol -> the goals its real splits play
 PROMPTS = ("reference", "compact")  # the reference runs' WEBSHOP_TEMPLATE | a short one for tiny models
 PAPER_TEST_GOALS = 256  # the reference evaluates 2 x 128 episodes on goals drawn from the first 500
@@ -58,7 +60,8 @@ def _goal_ids(catalogue: Catalogue, family_of: Mapping[str, str], split: str) ->
     if split == "gen_unseen":
         return [i for i, g in enumerate(catalogue.goals) if family_of[g["asin"]] in unseen]
     half = len(seen_ids) // 2
-    return seen_ids[:half] if split == "gen_test" else seen_ids[half:]
+    held_out, quarter = seen_ids[:half], half // 2
+    return {"gen_test": held_out[:quarter], "gen_valid": held_out[quarter:], "gen_train": seen_ids[half:]}[split]
 
 
 def _expert_plan(session: ShopSession, index: int) -> tuple[str, ...] | None:
