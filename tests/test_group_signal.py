@@ -3,7 +3,13 @@
 import numpy as np
 
 from roleagent_jax.rl.advantages import gigpo_advantages
-from roleagent_jax.rl.group_signal import flat_groups, signal_metrics, uniform_group_share, zero_group_share
+from roleagent_jax.rl.group_signal import (
+    flat_groups,
+    signal_metrics,
+    uniform_group_share,
+    uniform_rows,
+    zero_group_share,
+)
 from roleagent_jax.types import Row, Step, Trajectory
 
 
@@ -43,3 +49,21 @@ def test_signal_metrics_of_gigpo_advantages_match_the_hand_count():
     keys = np.array([r.anchor_hash for r in rows], np.uint64)
     out = signal_metrics(trajs, rows, np.asarray(adv), keys)
     assert out == {"train/uniform_groups": 0.5, "train/zero_step_groups": 0.5}
+
+
+def test_uniform_rows_cover_won_groups_whose_detour_keeps_step_credit():
+    """Group 0: both episodes win, one by a detour (a longer path), so GiGPO's step groups still disagree
+    and `flat_groups` keeps its rows; `uniform_rows` drops them with group 2 (both lost) and keeps group 1,
+    whose outcomes differ."""
+    trajs = [Trajectory(0, "t", "g", won=w, group_id=g, traj_id=i) for i, (g, w) in enumerate(
+        [(0, True), (0, True), (1, True), (1, False), (2, False), (2, False)])]  # fmt: skip
+    for t in trajs:
+        t.steps = [Step("obs", None, "go", "go", True, 10.0 * t.won, "next", done=True)]
+    # rows: group 0 two steps then one (the detour is the extra step), group 1 and 2 one each
+    group_of = [0, 0, 0, 1, 1, 2, 2]
+    traj_of = [0, 0, 1, 2, 3, 4, 5]
+    rows = [Row([1], [2], [0.0], t, g, 0, 0, 5, 0.0, True, True) for t, g in zip(traj_of, group_of)]
+    np.testing.assert_array_equal(uniform_rows(trajs, rows), [True] * 3 + [False] * 2 + [True] * 2)
+    adv = np.array([-0.3, 0.2, 0.4, 1.0, -1.0, 0.0, 0.0])  # group 0's step credit of the detour
+    np.testing.assert_array_equal(flat_groups(adv, group_of), [False] * 5 + [True] * 2)
+    assert uniform_rows(trajs, []).size == 0

@@ -353,7 +353,7 @@ def test_a_start_refused_while_building_leaves_no_workdir(tmp_path):
 
 @pytest.mark.slow
 def test_levers_run_and_the_selection_state_survives_a_resume(tmp_path):
-    """Learnability selection, dropped flat groups and an upper clip of its own, in the loop: 2 + 2
+    """Learnability selection, dropped uniform and flat groups and an upper clip of its own, in the loop: 2 + 2
     iterations equal 4 (the selection's counts come back from the checkpoint), and each iteration logs
     its signal shares."""
     from roleagent_jax.run.trainer import Trainer
@@ -361,6 +361,7 @@ def test_levers_run_and_the_selection_state_survives_a_resume(tmp_path):
     def config(name, iterations):
         c = tiny_config(tmp_path / name, iterations)
         c.aiw.selection, c.train.drop_flat_groups, c.loss.clip_eps_high = "learnability", True, 0.28
+        c.train.drop_uniform_groups = True
         return c
 
     full_state, full_host, full_sampler = run_trainer(config("full", 4))

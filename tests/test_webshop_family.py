@@ -52,9 +52,12 @@ def test_generated_splits_are_disjoint_and_deterministic(fam, gen_dir):
 def test_goals_per_product_puts_new_instructions_on_trained_products_in_the_test_split(fam, gen_dir):
     opts = {"n_products": 50, "goals_per_product": 4}
     test, valid, train = (
-        fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks for s in ("gen_test", "gen_valid", "gen_train")
+        fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks
+        for s in ("gen_test", "gen_valid", "gen_train")
     )
-    assert len(test) == len(valid) == 40 and len(train) == 80  # 40 seen products x 4 instructions: 1/4, 1/4, 1/2
+    assert (
+        len(test) == len(valid) == 40 and len(train) == 80
+    )  # 40 seen products x 4 instructions: 1/4, 1/4, 1/2
     asin = lambda t: t.id.split(":")[1]  # noqa: E731
     trained = {asin(t) for t in train}
     shared = [t for t in test if asin(t) in trained]

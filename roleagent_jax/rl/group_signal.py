@@ -28,18 +28,36 @@ def _dense(*keys: np.ndarray) -> np.ndarray:
     return np.unique(stacked, axis=0, return_inverse=True)[1].reshape(-1)
 
 
+def _uniform_per_group(
+    returns: Sequence[float], group_ids: Sequence[int], tol: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The dense group index of each episode, and per group whether its returns are all equal."""
+    returns, groups = np.asarray(returns, np.float64), _dense(group_ids)
+    n = groups.max() + 1
+    high = np.full(n, -np.inf)
+    np.maximum.at(high, groups, returns)
+    low = np.full(n, np.inf)
+    np.minimum.at(low, groups, returns)
+    return groups, high - low <= tol
+
+
 def uniform_group_share(returns: Sequence[float], group_ids: Sequence[int], tol: float = ZERO) -> float:
     """Share of task groups (episodes with one group id) whose episode returns are all equal (within
     ``tol``): their episode-level advantage is 0 on every row. 0.0 for no episodes."""
-    returns, groups = np.asarray(returns, np.float64), _dense(group_ids)
-    if returns.size == 0:
+    if len(returns) == 0:
         return 0.0
-    n = groups.max() + 1
-    spread = np.full(n, -np.inf)
-    np.maximum.at(spread, groups, returns)
-    low = np.full(n, np.inf)
-    np.minimum.at(low, groups, returns)
-    return float(np.mean(spread - low <= tol))
+    return float(np.mean(_uniform_per_group(returns, group_ids, tol)[1]))
+
+
+def uniform_rows(trajs: Sequence[Trajectory], rows: Sequence[Row], tol: float = ZERO) -> np.ndarray:
+    """Per row, whether its task group's episode returns are all equal (DAPO's filter_groups drops such
+    groups). Under GiGPO such a group may still hold step groups that disagree (one episode took a
+    detour), so this is a superset of `flat_groups`: what it adds is that weak, shorter-path signal."""
+    if not rows:
+        return np.zeros(0, bool)
+    groups, uniform = _uniform_per_group([t.total_reward for t in trajs], [t.group_id for t in trajs], tol)
+    of_group = {int(t.group_id): bool(uniform[g]) for t, g in zip(trajs, groups, strict=True)}
+    return np.array([of_group[int(r.group_id)] for r in rows], bool)
 
 
 def flat_groups(adv: np.ndarray, group_ids: Sequence[int], tol: float = ZERO) -> np.ndarray:

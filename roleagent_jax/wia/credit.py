@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from roleagent_jax.rl.advantages import anchor_keys, row_advantages
-from roleagent_jax.rl.group_signal import flat_groups, signal_metrics
+from roleagent_jax.rl.group_signal import flat_groups, signal_metrics, uniform_rows
 from roleagent_jax.types import Row, Trajectory
 from roleagent_jax.wia.shaping import wia_multipliers, with_predictor_rows
 
@@ -25,8 +25,9 @@ def shaped_advantages(
     times: dict[str, float],
 ) -> tuple[list[Row], np.ndarray, dict[str, float]]:
     """The rows to train on (none of an episode lost to its environment), their advantages, WIA's
-    metrics and where the signal is (`group_signal.signal_metrics`); with ``train.drop_flat_groups`` the
-    task groups without any advantage are left out. ``config`` is the run's; the seconds of the WIA and
+    metrics and where the signal is (`group_signal.signal_metrics`); with ``train.drop_uniform_groups``
+    the task groups whose episodes all end alike are left out, with ``train.drop_flat_groups`` those
+    without any advantage. ``config`` is the run's; the seconds of the WIA and
     advantage passes go into ``times``."""
     c, metrics, multiplier = config, {}, None
     lost = {t.traj_id for t in trajectories if t.env_failed}  # the environment's loss, not the agent's
@@ -43,11 +44,18 @@ def shaped_advantages(
     if rows:
         keys = anchor_keys(rows, c.advantage.anchor_similarity, c.advantage.anchor)
         metrics.update(signal_metrics(trajectories, rows, adv, keys))
+    dropped = 0
+    if c.train.drop_uniform_groups and rows:  # before the predictor's rows, which carry no group outcome
+        keep = ~uniform_rows(trajectories, rows)
+        dropped = len(rows) - int(keep.sum())
+        rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
     if c.wia.train_predictor and predictor_samples:
         rows, adv = with_predictor_rows(rows, adv, predictor_samples)
         metrics["train/predictor_rows"] = float(len(predictor_samples))
     if c.train.drop_flat_groups and rows:
         keep = ~flat_groups(adv, [r.group_id for r in rows])
-        metrics["train/dropped_rows"] = float(len(rows) - keep.sum())
+        dropped += len(rows) - int(keep.sum())
         rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
+    if c.train.drop_uniform_groups or c.train.drop_flat_groups:
+        metrics["train/dropped_rows"] = float(dropped)
     return rows, adv, metrics

@@ -61,7 +61,8 @@ def _goal_ids(catalogue: Catalogue, family_of: Mapping[str, str], split: str) ->
         return [i for i, g in enumerate(catalogue.goals) if family_of[g["asin"]] in unseen]
     half = len(seen_ids) // 2
     held_out, quarter = seen_ids[:half], half // 2
-    return {"gen_test": held_out[:quarter], "gen_valid": held_out[quarter:], "gen_train": seen_ids[half:]}[split]
+    parts = {"gen_test": held_out[:quarter], "gen_valid": held_out[quarter:], "gen_train": seen_ids[half:]}
+    return parts[split]
 
 
 def _expert_plan(session: ShopSession, index: int) -> tuple[str, ...] | None:
