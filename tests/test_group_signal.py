@@ -67,3 +67,39 @@ def test_uniform_rows_cover_won_groups_whose_detour_keeps_step_credit():
     adv = np.array([-0.3, 0.2, 0.4, 1.0, -1.0, 0.0, 0.0])  # group 0's step credit of the detour
     np.testing.assert_array_equal(flat_groups(adv, group_of), [False] * 5 + [True] * 2)
     assert uniform_rows(trajs, []).size == 0
+
+
+def test_the_credit_leaves_uniform_groups_out_only_when_asked():
+    """`shaped_advantages` under gigpo: group 0 all won (one by a detour), group 1 split. Off, every row
+    trains; `train.drop_uniform_groups` leaves group 0's rows out and keeps group 1's with the same
+    advantages."""
+    from conftest import load_config
+
+    from roleagent_jax.config import apply_algo
+    from roleagent_jax.wia.credit import shaped_advantages
+
+    trajs = [Trajectory(0, "t", "g", won=w, group_id=g, traj_id=i) for i, (g, w) in enumerate(
+        [(0, True), (0, True), (1, True), (1, False)])]  # fmt: skip
+    plans = [[("a", 0.0), ("b", 10.0)], [("a", 0.0), ("c", 0.0), ("b", 10.0)], [("a", 10.0)], [("d", 0.0)]]
+    rows = []
+    for t, plan in zip(trajs, plans):
+        t.steps = [
+            Step(f"o{k}", None, a, a, True, r, "next", done=k == len(plan) - 1)
+            for k, (a, r) in enumerate(plan)
+        ]
+        last = len(plan) - 1
+        ids = (t.traj_id, t.group_id, t.group_id)
+        rows += [
+            Row([1], [2], [0.0], *ids, k, k + 1, r, True, k == last, anchor=f"o{k}")
+            for k, (_, r) in enumerate(plan)
+        ]
+    c = load_config("base")
+    c.algo = "gigpo"
+    c = apply_algo(c)
+    kept, adv, metrics = shaped_advantages(trajs, None, rows, [], c, {})
+    assert len(kept) == len(rows) and "train/dropped_rows" not in metrics
+    assert np.abs(adv[:5]).max() > 0  # group 0's detour: step credit although both episodes won
+    c.train.drop_uniform_groups = True
+    kept2, adv2, metrics2 = shaped_advantages(trajs, None, rows, [], c, {})
+    assert [r.group_id for r in kept2] == [1, 1] and metrics2["train/dropped_rows"] == 5.0
+    np.testing.assert_allclose(adv2, adv[5:])
