@@ -55,9 +55,8 @@ def test_goals_per_product_puts_new_instructions_on_trained_products_in_the_test
         fam.task_pool(s, gen_dir=gen_dir, seed=0, options=opts).tasks
         for s in ("gen_test", "gen_valid", "gen_train")
     )
-    assert (
-        len(test) == len(valid) == 40 and len(train) == 80
-    )  # 40 seen products x 4 instructions: 1/4, 1/4, 1/2
+    # 40 products of seen families x 4 instructions: a quarter, a quarter, a half
+    assert len(test) == len(valid) == 40 and len(train) == 80
     asin = lambda t: t.id.split(":")[1]  # noqa: E731
     trained = {asin(t) for t in train}
     shared = [t for t in test if asin(t) in trained]

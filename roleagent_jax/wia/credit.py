@@ -46,16 +46,20 @@ def shaped_advantages(
         metrics.update(signal_metrics(trajectories, rows, adv, keys))
     dropped = 0
     if c.train.drop_uniform_groups and rows:  # before the predictor's rows, which carry no group outcome
-        keep = ~uniform_rows(trajectories, rows)
-        dropped = len(rows) - int(keep.sum())
-        rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
+        rows, adv, dropped = _kept(rows, adv, ~uniform_rows(trajectories, rows), dropped)
     if c.wia.train_predictor and predictor_samples:
         rows, adv = with_predictor_rows(rows, adv, predictor_samples)
         metrics["train/predictor_rows"] = float(len(predictor_samples))
     if c.train.drop_flat_groups and rows:
-        keep = ~flat_groups(adv, [r.group_id for r in rows])
-        dropped += len(rows) - int(keep.sum())
-        rows, adv = [r for r, k in zip(rows, keep, strict=True) if k], adv[keep]
+        rows, adv, dropped = _kept(rows, adv, ~flat_groups(adv, [r.group_id for r in rows]), dropped)
     if c.train.drop_uniform_groups or c.train.drop_flat_groups:
         metrics["train/dropped_rows"] = float(dropped)
     return rows, adv, metrics
+
+
+def _kept(
+    rows: list[Row], adv: np.ndarray, keep: np.ndarray, dropped: int
+) -> tuple[list[Row], np.ndarray, int]:
+    """The rows (and advantages) ``keep`` marks, and the running count of those left out."""
+    rows = [r for r, k in zip(rows, keep, strict=True) if k]
+    return rows, adv[keep], dropped + len(keep) - len(rows)
