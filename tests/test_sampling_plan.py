@@ -41,6 +41,24 @@ def test_prompts_of_two_lengths_run_in_two_chunks_when_that_saves_prefill():
     assert _shapes(plan_call(few, BUCKETS, CPU)) == [(8, 256)]
 
 
+def test_a_cut_into_shapes_not_yet_compiled_pays_their_compile():
+    """The call above saves 9024 - 6272 = 2752 by its cut on a CPU; each new chunk shape costs 6000.
+    Nothing compiled: whole (9024 + 6000) beats cut (6272 + 2 x 6000). The whole shape compiled: whole
+    (9024) against 18272. Both cut shapes compiled: cut (6272). Unknown (None): the cut, as before."""
+    reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
+    cut = plan_call(reqs, BUCKETS, CPU)
+    whole = plan_call(reqs, BUCKETS, ACCELERATOR)
+    assert [c.shape for c in whole.chunks] == [(16, 512, 16, None)]
+    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=frozenset())) == [(16, 512)]
+    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=frozenset({whole.chunks[0].shape}))) == [(16, 512)]
+    both = frozenset(c.shape for c in cut.chunks)
+    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=both)) == [(8, 128), (8, 512)]
+    assert (
+        cut.cost(CPU, both) == cut.cost(CPU) == 6272 and cut.cost(CPU, frozenset()) == 6272 + 2 * CPU.compile
+    )
+    assert whole.cost(ACCELERATOR, frozenset()) == whole.cost(ACCELERATOR)  # an accelerator is not charged
+
+
 def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that_costs():
     """After a 32-row foreground call, 13 background rows (8 of 100 tokens, 5 of 300; grouped) ran in
     one plain chunk padded to 32 rows x 512 = 16384 positions; cut: 8 x 128 + 8 x 512 = 5120. Rows
@@ -79,7 +97,8 @@ def model(tmp_path_factory):
     cut = Sampler(
         graphdef, cfg, tok, eos_ids=(), batch_buckets=(4, 8, 16), prompt_buckets=(8, 16, 32, 64, 128)
     )
-    cut.cost_model = CPU  # the CPU's cuts on any platform
+    # the CPU's cuts on any platform; no compile charge, or these small calls would never be cut
+    cut.cost_model = dataclasses.replace(CPU, compile=0.0)
     return {"tok": tok, "module": module, "params": params, "whole": whole, "cut": cut}
 
 

@@ -112,16 +112,29 @@ class CostModel:
     fp32 weights (540 MB) at about 10 GB/s takes 54 ms. On an accelerator (`ACCELERATOR`) a decode
     step is bound by that read and by kernel launches while prefill runs at the chip's matmul rate, so
     a step is worth thousands of prefilled tokens and a call is cut only for very large savings.
+
+    ``compile``: what a chunk of shapes the sampler has not run yet costs more, its prefill and decode
+    programs compiled. On the 2-core CPU a SmolLM2 chunk's two programs take about 16 s (a search-QA
+    iteration with 2 more of them took 15.6 s longer; WebShop's first iterations compiled 8-12), about
+    6,000 prefilled tokens: a run of 10-20 iterations cannot win that back from a cut that saves a few
+    hundred positions a call. An accelerator's run is long (hundreds of iterations), so there a new
+    program pays for itself and is not charged.
     """
 
     row_step: float
     step: float
+    compile: float = 0.0
 
     def of(self, prefill_positions: int, steps: int, rows: int) -> float:
         return prefill_positions + steps * (self.row_step * rows + self.step)
 
+    def of_new(self, shape: Hashable, compiled: frozenset | None) -> float:
+        """The compile charge of a chunk of ``shape``: 0 when it is compiled, or when nothing is known
+        of what is (``compiled`` None)."""
+        return 0.0 if compiled is None or shape in compiled else self.compile
 
-CPU = CostModel(row_step=2.0, step=20.0)
+
+CPU = CostModel(row_step=2.0, step=20.0, compile=6000.0)
 ACCELERATOR = CostModel(row_step=1.0, step=4096.0)
 
 
@@ -160,8 +173,23 @@ class Chunk:
         shared = 0 if self.layout is None else self.layout.groups * self.layout.prefix_bucket
         return self.rows * self.prompt_bucket + shared
 
-    def cost(self, model: CostModel) -> float:
-        return model.of(self.prefill_positions, self.steps, self.rows)
+    @property
+    def shape(self) -> tuple:
+        """What its compiled programs are specialised to: rows, prompt and new-token buckets, and the
+        shared prefix's groups and bucket (the sampler's compile cache key, less the call's mode)."""
+        return chunk_shape(self.rows, self.prompt_bucket, self.new_tokens, self.layout)
+
+    def cost(self, model: CostModel, compiled: frozenset | None = None) -> float:
+        return model.of(self.prefill_positions, self.steps, self.rows) + model.of_new(self.shape, compiled)
+
+
+def chunk_shape(rows: int, prompt_bucket: int, new_tokens: int, layout: PrefixLayout | None) -> tuple:
+    return (
+        rows,
+        prompt_bucket,
+        new_tokens,
+        None if layout is None else (layout.groups, layout.prefix_bucket),
+    )
 
 
 @dataclass(frozen=True)
@@ -189,8 +217,12 @@ class CallPlan:
     def real_tokens(self) -> int:
         return sum(c.real_tokens for c in self.chunks)
 
-    def cost(self, model: CostModel) -> float:
-        return sum(c.cost(model) for c in self.chunks)
+    def cost(self, model: CostModel, compiled: frozenset | None = None) -> float:
+        """Its chunks' costs, each new shape's compile charged once."""
+        new = {c.shape for c in self.chunks} - (compiled or frozenset())
+        return sum(c.cost(model) for c in self.chunks) + (
+            0.0 if compiled is None else model.compile * len(new)
+        )
 
 
 def sharing_key(r: SampleRequest) -> Hashable | None:
@@ -266,11 +298,17 @@ def admitted(requests: Sequence[SampleRequest], buckets: Buckets, size: int) -> 
 
 
 def by_length(
-    requests: Sequence[SampleRequest], units: list[list[int]], size: int, buckets: Buckets, model: CostModel
+    requests: Sequence[SampleRequest],
+    units: list[list[int]],
+    size: int,
+    buckets: Buckets,
+    model: CostModel,
+    compiled: frozenset | None = None,
 ) -> list[Chunk]:
     """The cheapest chunks of at most ``size`` requests that cut ``units`` (index lists that must share
     a chunk), sorted by their longest prompt, into consecutive runs; ties go to fewer chunks. Chunks
-    come shortest prompts first."""
+    come shortest prompts first. A chunk of a shape not in ``compiled`` is charged its compile (two
+    chunks of one new shape both: a small overestimate)."""
     units = sorted(units, key=lambda u: max(len(requests[i].prompt_ids) for i in u))
     longest = [max(len(requests[i].prompt_ids) for i in u) for u in units]
     budget = [max(requests[i].max_new_tokens for i in u) for u in units]
@@ -294,11 +332,13 @@ def by_length(
                 at = {x: k for k, x in enumerate(members)}
                 groups = sorted(([at[x] for x in units[k]], share[k]) for k in range(i, j) if share[k])
                 loose = sorted(at[x] for k in range(i, j) if not share[k] for x in units[k])
-                cost = chunk_plan(requests, members, buckets, sharing=(groups, loose)).cost(model)
+                cost = chunk_plan(requests, members, buckets, sharing=(groups, loose)).cost(model, compiled)
             else:  # the plain layout: `chunk_plan`'s shapes and cost, without building them
                 batch = _round_up(bucket(count, buckets.batch, "batch size", ""), buckets.row_multiple)
                 plen = bucket(widest, buckets.prompt, "prompt length", "")
-                cost = model.of(batch * plen, most, batch)
+                new_tokens = bucket(most, buckets.new_tokens, "max_new_tokens", "")
+                shape = chunk_shape(batch, plen, new_tokens, None)
+                cost = model.of(batch * plen, most, batch) + model.of_new(shape, compiled)
             option = (best[i][0] + cost, best[i][1] + 1)
             if option < best[j]:
                 best[j], start[j] = option, i
@@ -326,11 +366,16 @@ def _units(requests: Sequence[SampleRequest], order: Sequence[int], size: int) -
 
 
 def plan_call(
-    requests: Sequence[SampleRequest], buckets: Buckets, model: CostModel, foreground_rows: int = 0
+    requests: Sequence[SampleRequest],
+    buckets: Buckets,
+    model: CostModel,
+    foreground_rows: int = 0,
+    compiled: frozenset | None = None,
 ) -> CallPlan:
     """How `Sampler.generate` runs ``requests``: which wait (`admitted`), the budgets and groups they run
     with, and the chunks. ``foreground_rows``: that of the sampler's last call with a foreground request
-    (`CallPlan.foreground_rows`; 0: none yet).
+    (`CallPlan.foreground_rows`; 0: none yet). ``compiled``: the chunk shapes the sampler has run (None:
+    unknown, no compile is charged); a cut into shapes not among them pays ``model.compile`` each.
 
     A call of only background rows (what waits after a rollout's last agent step) runs in the plain
     layout, in chunks of at most the last foreground call's rows: on a CPU narrow chunks keep their
@@ -354,8 +399,10 @@ def plan_call(
     ]
     units = _units(todo, order, size)
     if max(map(len, units)) <= size:
-        cut = by_length(todo, units, size, buckets, model)
-        if sum(c.cost(model) for c in cut) < sum(c.cost(model) for c in chunks):
+        cut = by_length(todo, units, size, buckets, model, compiled)
+        if CallPlan(todo, cut, (), 0).cost(model, compiled) < CallPlan(todo, chunks, (), 0).cost(
+            model, compiled
+        ):
             chunks = sorted(cut, key=lambda c: any(todo[i].background for i in c.requests))
     waiting = tuple(i for i in range(len(requests)) if i not in run)
     rows = 0
