@@ -113,12 +113,15 @@ class CostModel:
     step is bound by that read and by kernel launches while prefill runs at the chip's matmul rate, so
     a step is worth thousands of prefilled tokens and a call is cut only for very large savings.
 
-    ``compile``: what a chunk of shapes the sampler has not run yet costs more, its prefill and decode
-    programs compiled. On the 2-core CPU a SmolLM2 chunk's two programs take about 16 s (a search-QA
-    iteration with 2 more of them took 15.6 s longer; WebShop's first iterations compiled 8-12), about
-    6,000 prefilled tokens: a run of 10-20 iterations cannot win that back from a cut that saves a few
-    hundred positions a call. An accelerator's run is long (hundreds of iterations), so there a new
-    program pays for itself and is not charged.
+    ``compile``: what each distinct chunk shape of a call costs on top, its prefill and decode programs
+    compiled. On the 2-core CPU a SmolLM2 chunk's two programs take about 16 s (a search-QA iteration
+    with 2 more of them took 15.6 s longer; WebShop's first iterations compiled 8-12), about 6,000
+    prefilled tokens: a run of 10-20 iterations cannot win that back from a cut that saves a few hundred
+    positions a call. The plan reads only its requests (a resumed run, and `evaluate --checkpoint`,
+    must cut a call as the run did, or their draws differ), so it cannot know which shapes a sampler
+    compiled before: every call's shapes are charged as new, and a cut is taken only where each extra
+    shape saves more than its compile. An accelerator's run is long (hundreds of iterations), so there
+    a new program pays for itself and is not charged.
     """
 
     row_step: float
@@ -127,11 +130,6 @@ class CostModel:
 
     def of(self, prefill_positions: int, steps: int, rows: int) -> float:
         return prefill_positions + steps * (self.row_step * rows + self.step)
-
-    def of_new(self, shape: Hashable, compiled: frozenset | None) -> float:
-        """The compile charge of a chunk of ``shape``: 0 when it is compiled, or when nothing is known
-        of what is (``compiled`` None)."""
-        return 0.0 if compiled is None or shape in compiled else self.compile
 
 
 CPU = CostModel(row_step=2.0, step=20.0, compile=6000.0)
@@ -177,19 +175,15 @@ class Chunk:
     def shape(self) -> tuple:
         """What its compiled programs are specialised to: rows, prompt and new-token buckets, and the
         shared prefix's groups and bucket (the sampler's compile cache key, less the call's mode)."""
-        return chunk_shape(self.rows, self.prompt_bucket, self.new_tokens, self.layout)
+        prefix = None if self.layout is None else (self.layout.groups, self.layout.prefix_bucket)
+        return (self.rows, self.prompt_bucket, self.new_tokens, prefix)
 
-    def cost(self, model: CostModel, compiled: frozenset | None = None) -> float:
-        return model.of(self.prefill_positions, self.steps, self.rows) + model.of_new(self.shape, compiled)
+    def cost(self, model: CostModel) -> float:
+        """Its prefill and decode, and its shape's compile."""
+        return self.work(model) + model.compile
 
-
-def chunk_shape(rows: int, prompt_bucket: int, new_tokens: int, layout: PrefixLayout | None) -> tuple:
-    return (
-        rows,
-        prompt_bucket,
-        new_tokens,
-        None if layout is None else (layout.groups, layout.prefix_bucket),
-    )
+    def work(self, model: CostModel) -> float:
+        return model.of(self.prefill_positions, self.steps, self.rows)
 
 
 @dataclass(frozen=True)
@@ -217,12 +211,9 @@ class CallPlan:
     def real_tokens(self) -> int:
         return sum(c.real_tokens for c in self.chunks)
 
-    def cost(self, model: CostModel, compiled: frozenset | None = None) -> float:
-        """Its chunks' costs, each new shape's compile charged once."""
-        new = {c.shape for c in self.chunks} - (compiled or frozenset())
-        return sum(c.cost(model) for c in self.chunks) + (
-            0.0 if compiled is None else model.compile * len(new)
-        )
+    def cost(self, model: CostModel) -> float:
+        """Its chunks' prefill and decode, and one compile for each distinct shape."""
+        return sum(c.work(model) for c in self.chunks) + model.compile * len({c.shape for c in self.chunks})
 
 
 def sharing_key(r: SampleRequest) -> Hashable | None:
@@ -303,12 +294,11 @@ def by_length(
     size: int,
     buckets: Buckets,
     model: CostModel,
-    compiled: frozenset | None = None,
 ) -> list[Chunk]:
     """The cheapest chunks of at most ``size`` requests that cut ``units`` (index lists that must share
     a chunk), sorted by their longest prompt, into consecutive runs; ties go to fewer chunks. Chunks
-    come shortest prompts first. A chunk of a shape not in ``compiled`` is charged its compile (two
-    chunks of one new shape both: a small overestimate)."""
+    come shortest prompts first. Each chunk is charged a compile (two chunks of one shape both: an
+    overestimate that can only keep a call whole)."""
     units = sorted(units, key=lambda u: max(len(requests[i].prompt_ids) for i in u))
     longest = [max(len(requests[i].prompt_ids) for i in u) for u in units]
     budget = [max(requests[i].max_new_tokens for i in u) for u in units]
@@ -332,13 +322,11 @@ def by_length(
                 at = {x: k for k, x in enumerate(members)}
                 groups = sorted(([at[x] for x in units[k]], share[k]) for k in range(i, j) if share[k])
                 loose = sorted(at[x] for k in range(i, j) if not share[k] for x in units[k])
-                cost = chunk_plan(requests, members, buckets, sharing=(groups, loose)).cost(model, compiled)
+                cost = chunk_plan(requests, members, buckets, sharing=(groups, loose)).cost(model)
             else:  # the plain layout: `chunk_plan`'s shapes and cost, without building them
                 batch = _round_up(bucket(count, buckets.batch, "batch size", ""), buckets.row_multiple)
                 plen = bucket(widest, buckets.prompt, "prompt length", "")
-                new_tokens = bucket(most, buckets.new_tokens, "max_new_tokens", "")
-                shape = chunk_shape(batch, plen, new_tokens, None)
-                cost = model.of(batch * plen, most, batch) + model.of_new(shape, compiled)
+                cost = model.of(batch * plen, most, batch) + model.compile
             option = (best[i][0] + cost, best[i][1] + 1)
             if option < best[j]:
                 best[j], start[j] = option, i
@@ -370,12 +358,10 @@ def plan_call(
     buckets: Buckets,
     model: CostModel,
     foreground_rows: int = 0,
-    compiled: frozenset | None = None,
 ) -> CallPlan:
     """How `Sampler.generate` runs ``requests``: which wait (`admitted`), the budgets and groups they run
     with, and the chunks. ``foreground_rows``: that of the sampler's last call with a foreground request
-    (`CallPlan.foreground_rows`; 0: none yet). ``compiled``: the chunk shapes the sampler has run (None:
-    unknown, no compile is charged); a cut into shapes not among them pays ``model.compile`` each.
+    (`CallPlan.foreground_rows`; 0: none yet).
 
     A call of only background rows (what waits after a rollout's last agent step) runs in the plain
     layout, in chunks of at most the last foreground call's rows: on a CPU narrow chunks keep their
@@ -399,10 +385,8 @@ def plan_call(
     ]
     units = _units(todo, order, size)
     if max(map(len, units)) <= size:
-        cut = by_length(todo, units, size, buckets, model, compiled)
-        if CallPlan(todo, cut, (), 0).cost(model, compiled) < CallPlan(todo, chunks, (), 0).cost(
-            model, compiled
-        ):
+        cut = by_length(todo, units, size, buckets, model)
+        if CallPlan(todo, cut, (), 0).cost(model) < CallPlan(todo, chunks, (), 0).cost(model):
             chunks = sorted(cut, key=lambda c: any(todo[i].background for i in c.requests))
     waiting = tuple(i for i in range(len(requests)) if i not in run)
     rows = 0

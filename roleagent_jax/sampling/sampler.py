@@ -110,7 +110,6 @@ class Sampler:
         platform = (jax.devices()[0] if mesh is None else mesh.devices.flat[0]).platform
         self.cost_model = cost_model(platform)
         self.num_compilations = 0
-        self.shapes_run: set[tuple] = set()  # chunk shapes compiled: the planner charges a new one's compile
         self.seconds = {"prefill": 0.0, "decode": 0.0}
         self.last_layout: PrefixLayout | None = None
         self._foreground_rows = 0  # batch rows of the last call that had a foreground request
@@ -335,9 +334,7 @@ class Sampler:
     # ---------------------------------------------------------------- public API
     def plan(self, requests: Sequence[SampleRequest]) -> CallPlan:
         """How `generate` would run ``requests`` now (`plan.plan_call`): its chunks and their shapes."""
-        return plan_call(
-            requests, self.buckets, self.cost_model, self._foreground_rows, frozenset(self.shapes_run)
-        )
+        return plan_call(requests, self.buckets, self.cost_model, self._foreground_rows)
 
     def generate(
         self,
@@ -365,7 +362,6 @@ class Sampler:
             key = rng if c == 0 else jax.random.fold_in(rng, c)
             todo = [plan.requests[i] for i in chunk.requests]
             out = self._generate_chunk(params, todo, chunk, params_sampling, key, follow)
-            self.shapes_run.add(chunk.shape)
             for r, res in zip(todo, out, strict=True):
                 if follow is not None and not r.background:
                     follow = max(follow, len(res.token_ids))
