@@ -15,6 +15,7 @@ from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
 from roleagent_jax.sampling.plan import ACCELERATOR, CPU, Buckets, plan_call
 
 BUCKETS = Buckets.make(batch=(8, 16, 32), prompt=(64, 128, 256, 512), max_new_tokens_cap=64)
+CUTS = dataclasses.replace(CPU, compile=0.0)  # the CPU's padding and decode costs without the compile
 
 
 def _shapes(plan):
@@ -23,14 +24,14 @@ def _shapes(plan):
 
 def test_prompts_of_two_lengths_run_in_two_chunks_when_that_saves_prefill():
     """6 prompts of 100 tokens between 6 of 300, 16 new tokens each. Whole: 16 rows x 512 slots = 8192
-    prefilled positions, cost 8192 + 16 x (2 x 16 + 20) = 9024 on a CPU. Cut: 8 x 128 + 8 x 512 =
+    prefilled positions, cost 8192 + 16 x (2 x 16 + 20) = 9024 without compiles (`CUTS`). Cut: 8 x 128 + 8 x 512 =
     5120 positions, cost 5120 + 2 x 16 x (2 x 8 + 20) = 6272: cut, short prompts first. On an
     accelerator each decode loop costs 16 x 4096 more: whole."""
     reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
-    plan = plan_call(reqs, BUCKETS, CPU)
+    plan = plan_call(reqs, BUCKETS, CUTS)
     assert _shapes(plan) == [(8, 128), (8, 512)]
     assert [c.requests for c in plan.chunks] == [(0, 2, 4, 6, 8, 10), (1, 3, 5, 7, 9, 11)]
-    assert (plan.prefill_positions, plan.real_tokens, plan.cost(CPU)) == (5120, 2400, 6272)
+    assert (plan.prefill_positions, plan.real_tokens, plan.cost(CUTS)) == (5120, 2400, 6272)
     whole = plan_call(reqs, BUCKETS, ACCELERATOR)
     assert _shapes(whole) == [(16, 512)] and whole.prefill_positions == 8192
     assert (
@@ -38,25 +39,32 @@ def test_prompts_of_two_lengths_run_in_two_chunks_when_that_saves_prefill():
     )
     # 7 prompts of 100 tokens and 1 of 130: whole (8 x 256 = 2048) beats cut (8 x 128 + 8 x 256).
     few = [SampleRequest([1] * 100, 16)] * 7 + [SampleRequest([1] * 130, 16)]
-    assert _shapes(plan_call(few, BUCKETS, CPU)) == [(8, 256)]
+    assert _shapes(plan_call(few, BUCKETS, CUTS)) == [(8, 256)]
 
 
-def test_a_cut_into_shapes_not_yet_compiled_pays_their_compile():
-    """The call above saves 9024 - 6272 = 2752 by its cut on a CPU; each new chunk shape costs 6000.
-    Nothing compiled: whole (9024 + 6000) beats cut (6272 + 2 x 6000). The whole shape compiled: whole
-    (9024) against 18272. Both cut shapes compiled: cut (6272). Unknown (None): the cut, as before."""
+def test_a_cut_pays_a_compile_for_each_shape_it_adds():
+    """The call above saves 9024 - 6272 = 2752 by its cut; on a CPU each distinct chunk shape also
+    costs 6000, whatever ran before (the plan reads only the requests): whole 9024 + 6000 beats cut
+    6272 + 2 x 6000. 32 prompts of 40 tokens between 32 of 500 run in two chunks of one shape (32 x 512,
+    one compile) in request order, or cut into 32 x 64 and 32 x 512: 14336 positions fewer, more than
+    the second shape's compile, so cut. An accelerator is not charged."""
     reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
-    cut = plan_call(reqs, BUCKETS, CPU)
-    whole = plan_call(reqs, BUCKETS, ACCELERATOR)
+    whole = plan_call(reqs, BUCKETS, CPU)
     assert [c.shape for c in whole.chunks] == [(16, 512, 16, None)]
-    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=frozenset())) == [(16, 512)]
-    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=frozenset({whole.chunks[0].shape}))) == [(16, 512)]
-    both = frozenset(c.shape for c in cut.chunks)
-    assert _shapes(plan_call(reqs, BUCKETS, CPU, compiled=both)) == [(8, 128), (8, 512)]
-    assert (
-        cut.cost(CPU, both) == cut.cost(CPU) == 6272 and cut.cost(CPU, frozenset()) == 6272 + 2 * CPU.compile
+    assert whole.cost(CPU) == 9024 + CPU.compile and whole.cost(ACCELERATOR) == whole.chunks[0].work(
+        ACCELERATOR
     )
-    assert whole.cost(ACCELERATOR, frozenset()) == whole.cost(ACCELERATOR)  # an accelerator is not charged
+    cut = plan_call(reqs, BUCKETS, CUTS)
+    assert cut.cost(CPU) == 6272 + 2 * CPU.compile
+    wide = [SampleRequest([1] * (40 if i % 2 == 0 else 500), 16) for i in range(64)]
+    cut = plan_call(wide, BUCKETS, CPU)
+    assert _shapes(cut) == [(32, 64), (32, 512)]
+    decode = 16 * (2 * 32 + 20)  # a 32-row chunk's 16 steps
+    assert cut.cost(CPU) == 32 * 64 + 32 * 512 + 2 * decode + 2 * CPU.compile
+    in_order = 2 * (32 * 512 + decode) + CPU.compile
+    assert in_order - cut.cost(CPU) == 14336 - CPU.compile
+    same = plan_call([SampleRequest([1] * 100, 16)] * 64, BUCKETS, CPU)  # two chunks of one shape
+    assert _shapes(same) == [(32, 128)] * 2 and same.cost(CPU) == 2 * (32 * 128 + decode) + CPU.compile
 
 
 def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that_costs():
@@ -65,12 +73,12 @@ def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that
     that fill the foreground's shape keep it (no new program)."""
     reqs = [SampleRequest([1] * 100, 16, group="g", background=True)] * 8
     reqs += [SampleRequest([1] * 300, 16, background=True)] * 5
-    plan = plan_call(reqs, BUCKETS, CPU, foreground_rows=32)
+    plan = plan_call(reqs, BUCKETS, CUTS, foreground_rows=32)
     assert _shapes(plan) == [(8, 128), (8, 512)] and plan.prefill_positions == 5120
     assert all(c.layout is None for c in plan.chunks) and plan.foreground_rows == 0
     full = [SampleRequest([1] * 300, 16, background=True)] * 32
-    assert _shapes(plan_call(full, BUCKETS, CPU, foreground_rows=32)) == [(32, 512)]
-    assert _shapes(plan_call(full[:5], BUCKETS, CPU, foreground_rows=8)) == [(8, 512)]
+    assert _shapes(plan_call(full, BUCKETS, CUTS, foreground_rows=32)) == [(32, 512)]
+    assert _shapes(plan_call(full[:5], BUCKETS, CUTS, foreground_rows=8)) == [(8, 512)]
 
 
 def test_background_rows_beside_foreground_ones_share_one_chunk_that_runs_last():
@@ -79,7 +87,7 @@ def test_background_rows_beside_foreground_ones_share_one_chunk_that_runs_last()
     reqs = [SampleRequest([5] * 300, 16, group="g")] * 7
     reqs += [SampleRequest([2] * 100, 40, background=True), SampleRequest([3] * 200, 8)]
     reqs += [SampleRequest([4] * 90, 40, background=True), SampleRequest([6] * 150, 8)]
-    plan = plan_call(reqs, BUCKETS, CPU)
+    plan = plan_call(reqs, BUCKETS, CUTS)
     assert not plan.waiting and len(plan.chunks) > 1
     last = plan.chunks[-1]
     assert {7, 9} <= set(last.requests)
@@ -97,8 +105,7 @@ def model(tmp_path_factory):
     cut = Sampler(
         graphdef, cfg, tok, eos_ids=(), batch_buckets=(4, 8, 16), prompt_buckets=(8, 16, 32, 64, 128)
     )
-    # the CPU's cuts on any platform; no compile charge, or these small calls would never be cut
-    cut.cost_model = dataclasses.replace(CPU, compile=0.0)
+    cut.cost_model = CUTS  # the CPU's cuts on any platform; a compile charge would keep these calls whole
     return {"tok": tok, "module": module, "params": params, "whole": whole, "cut": cut}
 
 
