@@ -12,10 +12,11 @@ import pytest
 from qwen2_tiny import TEXTS, assert_same_results, left_padded, saved_sampling_model
 
 from roleagent_jax.sampling import Sampler, SampleRequest, SamplingParams
-from roleagent_jax.sampling.plan import ACCELERATOR, CPU, Buckets, plan_call
+from roleagent_jax.sampling.plan import ACCELERATOR, CPU, SMOLLM2_WEIGHTS, Buckets, cost_model, plan_call
 
 BUCKETS = Buckets.make(batch=(8, 16, 32), prompt=(64, 128, 256, 512), max_new_tokens_cap=64)
 CUTS = dataclasses.replace(CPU, compile=0.0)  # the CPU's padding and decode costs without the compile
+CHARGED = dataclasses.replace(CPU, compile=6000.0)  # a compile of 6,000 positions: a call's whole cost
 
 
 def _shapes(plan):
@@ -43,28 +44,38 @@ def test_prompts_of_two_lengths_run_in_two_chunks_when_that_saves_prefill():
 
 
 def test_a_cut_pays_a_compile_for_each_shape_it_adds():
-    """The call above saves 9024 - 6272 = 2752 by its cut; on a CPU each distinct chunk shape also
-    costs 6000, whatever ran before (the plan reads only the requests): whole 9024 + 6000 beats cut
+    """The call above saves 9024 - 6272 = 2752 by its cut; with a charge of 6000 for each distinct
+    chunk shape, whatever ran before (the plan reads only the requests): whole 9024 + 6000 beats cut
     6272 + 2 x 6000. 32 prompts of 40 tokens between 32 of 500 run in two chunks of one shape (32 x 512,
     one compile) in request order, or cut into 32 x 64 and 32 x 512: 14336 positions fewer, more than
     the second shape's compile, so cut. An accelerator is not charged."""
     reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
-    whole = plan_call(reqs, BUCKETS, CPU)
+    whole = plan_call(reqs, BUCKETS, CHARGED)
     assert [c.shape for c in whole.chunks] == [(16, 512, 16, None)]
-    assert whole.cost(CPU) == 9024 + CPU.compile and whole.cost(ACCELERATOR) == whole.chunks[0].work(
+    assert whole.cost(CHARGED) == 9024 + CHARGED.compile and whole.cost(ACCELERATOR) == whole.chunks[0].work(
         ACCELERATOR
     )
     cut = plan_call(reqs, BUCKETS, CUTS)
-    assert cut.cost(CPU) == 6272 + 2 * CPU.compile
+    assert cut.cost(CHARGED) == 6272 + 2 * CHARGED.compile
     wide = [SampleRequest([1] * (40 if i % 2 == 0 else 500), 16) for i in range(64)]
-    cut = plan_call(wide, BUCKETS, CPU)
+    cut = plan_call(wide, BUCKETS, CHARGED)
     assert _shapes(cut) == [(32, 64), (32, 512)]
     decode = 16 * (2 * 32 + 20)  # a 32-row chunk's 16 steps
-    assert cut.cost(CPU) == 32 * 64 + 32 * 512 + 2 * decode + 2 * CPU.compile
-    in_order = 2 * (32 * 512 + decode) + CPU.compile
-    assert in_order - cut.cost(CPU) == 14336 - CPU.compile
-    same = plan_call([SampleRequest([1] * 100, 16)] * 64, BUCKETS, CPU)  # two chunks of one shape
-    assert _shapes(same) == [(32, 128)] * 2 and same.cost(CPU) == 2 * (32 * 128 + decode) + CPU.compile
+    assert cut.cost(CHARGED) == 32 * 64 + 32 * 512 + 2 * decode + 2 * CHARGED.compile
+    in_order = 2 * (32 * 512 + decode) + CHARGED.compile
+    assert in_order - cut.cost(CHARGED) == 14336 - CHARGED.compile
+    same = plan_call([SampleRequest([1] * 100, 16)] * 64, BUCKETS, CHARGED)  # two chunks of one shape
+    assert (
+        _shapes(same) == [(32, 128)] * 2 and same.cost(CHARGED) == 2 * (32 * 128 + decode) + CHARGED.compile
+    )
+
+
+def test_the_compile_charge_scales_with_the_models_weights():
+    """A compile takes about as long for any model on a CPU while a position costs in proportion to the
+    weights: SmolLM2 is charged `CPU.compile`, a model 100x smaller 100x more; accelerators nothing."""
+    assert cost_model("cpu", SMOLLM2_WEIGHTS) == CPU
+    assert cost_model("cpu", SMOLLM2_WEIGHTS // 100).compile == pytest.approx(100 * CPU.compile, rel=1e-6)
+    assert cost_model("tpu", 1000) == cost_model("gpu") == ACCELERATOR and ACCELERATOR.compile == 0
 
 
 def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that_costs():
@@ -106,7 +117,17 @@ def model(tmp_path_factory):
         graphdef, cfg, tok, eos_ids=(), batch_buckets=(4, 8, 16), prompt_buckets=(8, 16, 32, 64, 128)
     )
     cut.cost_model = CUTS  # the CPU's cuts on any platform; a compile charge would keep these calls whole
-    return {"tok": tok, "module": module, "params": params, "whole": whole, "cut": cut}
+    return {"tok": tok, "module": module, "params": params, "cfg": cfg, "whole": whole, "cut": cut}
+
+
+def test_the_weights_a_position_costs_are_the_models_matrices(model):
+    """`matmul_weights` against the model itself: every weight matrix (the projections and the LM head;
+    not biases, norms) but the embedding table, which a position looks up, not multiplies."""
+    cfg = model["cfg"]
+    leaves = jax.tree_util.tree_flatten_with_path(model["params"])[0]
+    matrices = sum(x.size for path, x in leaves if x.ndim >= 2 and "bias" not in jax.tree_util.keystr(path))
+    assert not cfg.tie_word_embeddings
+    assert cfg.matmul_weights == matrices - cfg.vocab_size * cfg.hidden_size
 
 
 def _mixed(tok) -> list[SampleRequest]:

@@ -141,6 +141,14 @@ class Qwen2Config:
         """Query heads per KV head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def matmul_weights(self) -> int:
+        """Weights a token is multiplied through (attention and MLP projections of every layer, and the
+        LM head): what a prefilled position costs is in proportion to it."""
+        h, hd = self.hidden_size, self.head_dim
+        attention = h * hd * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        return self.num_hidden_layers * (attention + 3 * h * self.intermediate_size) + self.vocab_size * h
+
     def replace(self, **changes: Any) -> Qwen2Config:
         return dataclasses.replace(self, **changes)
 

@@ -114,14 +114,16 @@ class CostModel:
     a step is worth thousands of prefilled tokens and a call is cut only for very large savings.
 
     ``compile``: what each distinct chunk shape of a call costs on top, its prefill and decode programs
-    compiled. On the 2-core CPU a SmolLM2 chunk's two programs take about 16 s (a search-QA iteration
-    with 2 more of them took 15.6 s longer; WebShop's first iterations compiled 8-12), about 6,000
-    prefilled tokens: a run of 10-20 iterations cannot win that back from a cut that saves a few hundred
-    positions a call. The plan reads only its requests (a resumed run, and `evaluate --checkpoint`,
-    must cut a call as the run did, or their draws differ), so it cannot know which shapes a sampler
-    compiled before: every call's shapes are charged as new, and a cut is taken only where each extra
-    shape saves more than its compile. An accelerator's run is long (hundreds of iterations), so there
-    a new program pays for itself and is not charged.
+    compiled. The plan reads only its requests (a resumed run, and `evaluate --checkpoint`, must cut a
+    call as the run did, or their draws differ), so it cannot know which shapes a sampler compiled
+    before: every call pays for its shapes, a compile spread over the calls of a run that meet it
+    again. On the 2-core CPU a SmolLM2 chunk's two programs take about 16 s (a search-QA iteration with
+    2 more of them took 15.6 s longer), about 6,000 of its prefilled tokens; spread over a CPU run's
+    6-10 iterations, `CPU` charges 1,000. A compile takes about as long whatever the model's size while
+    a position costs in proportion to its weights, so `cost_model` scales the charge by
+    `SMOLLM2_WEIGHTS` over the model's: the demo's tiny model (0.7 M) never cuts a call. An
+    accelerator's run is long (hundreds of iterations), so there a new program pays for itself and is
+    not charged.
     """
 
     row_step: float
@@ -132,13 +134,17 @@ class CostModel:
         return prefill_positions + steps * (self.row_step * rows + self.step)
 
 
-CPU = CostModel(row_step=2.0, step=20.0, compile=6000.0)
+CPU = CostModel(row_step=2.0, step=20.0, compile=1000.0)
+SMOLLM2_WEIGHTS = 134_479_872  # `Qwen2Config.matmul_weights` of SmolLM2-135M, the model `CPU` was measured on
 ACCELERATOR = CostModel(row_step=1.0, step=4096.0)
 
 
-def cost_model(platform: str) -> CostModel:
-    """The cost model of a JAX platform name ("cpu", "gpu", "tpu", ...)."""
-    return CPU if platform == "cpu" else ACCELERATOR
+def cost_model(platform: str, weights: int = SMOLLM2_WEIGHTS) -> CostModel:
+    """The cost model of a JAX platform name ("cpu", "gpu", "tpu", ...) for a model of ``weights``
+    matmul weights (`Qwen2Config.matmul_weights`)."""
+    if platform != "cpu":
+        return ACCELERATOR
+    return replace(CPU, compile=CPU.compile * SMOLLM2_WEIGHTS / weights)
 
 
 @dataclass(frozen=True)

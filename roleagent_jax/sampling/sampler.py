@@ -108,7 +108,7 @@ class Sampler:
         )
         self.max_new_tokens_cap = int(max_new_tokens_cap)
         platform = (jax.devices()[0] if mesh is None else mesh.devices.flat[0]).platform
-        self.cost_model = cost_model(platform)
+        self.cost_model = cost_model(platform, config.matmul_weights)
         self.num_compilations = 0
         self.seconds = {"prefill": 0.0, "decode": 0.0}
         self.last_layout: PrefixLayout | None = None
