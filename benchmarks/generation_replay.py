@@ -295,13 +295,24 @@ def replay(args) -> dict:
 def plan(args) -> dict:
     """The chunks ``replay`` runs each recorded call in through the project's sampler (`Sampler.plan`,
     with its buckets), from the requests alone: their shapes, and prefilled positions against the
-    prompts' real tokens."""
-    from roleagent_jax.sampling.plan import Buckets, capped_batch_buckets, cost_model, plan_call
+    prompts' real tokens. The compile charge is the recorded model's (SmolLM2's where its folder is gone)."""
+    from roleagent_jax.models.config import Qwen2Config
+    from roleagent_jax.sampling.plan import (
+        SMOLLM2_WEIGHTS,
+        Buckets,
+        capped_batch_buckets,
+        cost_model,
+        plan_call,
+    )
 
     recording = json.loads(Path(args.calls).read_text())
     calls = recording["calls"][: args.max_calls] if args.max_calls else recording["calls"]
     buckets = Buckets.make(capped_batch_buckets(max(len(c["requests"]) for c in calls)))
-    model = cost_model(args.platform)
+    found = (Path(recording["model"]) / "config.json").is_file()
+    weights = Qwen2Config.from_hf(recording["model"]).matmul_weights if found else SMOLLM2_WEIGHTS
+    if not found:
+        print(f"no config.json in {recording['model']}: the compile is charged as for SmolLM2", flush=True)
+    model = cost_model(args.platform, weights)
     foreground, rows = 0, []
     for i, call in enumerate(calls):
         planned = plan_call(requests_of(call), buckets, model, foreground)

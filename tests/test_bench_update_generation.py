@@ -93,13 +93,13 @@ def test_replay_tiny_model(tmp_path):
 
 
 def test_plan_gives_each_recorded_calls_chunks_without_a_model(tmp_path):
-    """16 prompts of 60 tokens and 16 of 700: one chunk would prefill 32 x 768 positions; the CPU plan
-    runs 16 x 64 + 16 x 768, 11264 fewer, more than its second shape's compile."""
-    requests = [SampleRequest([3] * (60 if i % 2 else 700), 16) for i in range(32)]
-    results = [SampleResult([], [], "", "length", "agent")] * 32
+    """6 prompts of 60 tokens and 6 of 700 (the 12-row bucket, as `replay` caps it): one chunk would
+    prefill 12 x 768 positions; the CPU plan runs 8 x 64 + 8 x 768."""
+    requests = [SampleRequest([3] * (60 if i % 2 else 700), 16) for i in range(12)]
+    results = [SampleResult([], [], "", "length", "agent")] * 12
     calls = [replay.call_record(requests, SamplingParams(), results, 0, 0.0)]
     path = tmp_path / "calls.json"
     path.write_text(json.dumps({"model": "unused", "calls": calls}))
     record = replay.main(["plan", "--calls", str(path), "--platform", "cpu"])
-    assert record["calls"][0]["chunks"] == ["16x64 /16 new", "16x768 /16 new"]
-    assert (record["prefill_positions"], record["real_tokens"]) == (16 * 64 + 16 * 768, 16 * 60 + 16 * 700)
+    assert record["calls"][0]["chunks"] == ["8x64 /16 new", "8x768 /16 new"]
+    assert (record["prefill_positions"], record["real_tokens"]) == (8 * 64 + 8 * 768, 6 * 60 + 6 * 700)

@@ -48,13 +48,11 @@ def test_a_cut_pays_a_compile_for_each_shape_it_adds():
     chunk shape, whatever ran before (the plan reads only the requests): whole 9024 + 6000 beats cut
     6272 + 2 x 6000. 32 prompts of 40 tokens between 32 of 500 run in two chunks of one shape (32 x 512,
     one compile) in request order, or cut into 32 x 64 and 32 x 512: 14336 positions fewer, more than
-    the second shape's compile, so cut. An accelerator is not charged."""
+    the second shape's compile, so cut; at 20000 a shape they stay in request order."""
     reqs = [SampleRequest([1] * (100 if i % 2 == 0 else 300), 16) for i in range(12)]
     whole = plan_call(reqs, BUCKETS, CHARGED)
     assert [c.shape for c in whole.chunks] == [(16, 512, 16, None)]
-    assert whole.cost(CHARGED) == 9024 + CHARGED.compile and whole.cost(ACCELERATOR) == whole.chunks[0].work(
-        ACCELERATOR
-    )
+    assert whole.cost(CHARGED) == 9024 + CHARGED.compile
     cut = plan_call(reqs, BUCKETS, CUTS)
     assert cut.cost(CHARGED) == 6272 + 2 * CHARGED.compile
     wide = [SampleRequest([1] * (40 if i % 2 == 0 else 500), 16) for i in range(64)]
@@ -62,8 +60,12 @@ def test_a_cut_pays_a_compile_for_each_shape_it_adds():
     assert _shapes(cut) == [(32, 64), (32, 512)]
     decode = 16 * (2 * 32 + 20)  # a 32-row chunk's 16 steps
     assert cut.cost(CHARGED) == 32 * 64 + 32 * 512 + 2 * decode + 2 * CHARGED.compile
-    in_order = 2 * (32 * 512 + decode) + CHARGED.compile
-    assert in_order - cut.cost(CHARGED) == 14336 - CHARGED.compile
+    # at 20000 a shape the cut saves less than its second shape costs, and the request order's two
+    # chunks of one shape pay one compile: they stay
+    dear = dataclasses.replace(CPU, compile=20000.0)
+    in_order = plan_call(wide, BUCKETS, dear)
+    assert _shapes(in_order) == [(32, 512)] * 2
+    assert in_order.cost(CHARGED) - cut.cost(CHARGED) == 14336 - CHARGED.compile
     same = plan_call([SampleRequest([1] * 100, 16)] * 64, BUCKETS, CHARGED)  # two chunks of one shape
     assert (
         _shapes(same) == [(32, 128)] * 2 and same.cost(CHARGED) == 2 * (32 * 128 + decode) + CHARGED.compile
@@ -75,7 +77,7 @@ def test_the_compile_charge_scales_with_the_models_weights():
     weights: SmolLM2 is charged `CPU.compile`, a model 100x smaller 100x more; accelerators nothing."""
     assert cost_model("cpu", SMOLLM2_WEIGHTS) == CPU
     assert cost_model("cpu", SMOLLM2_WEIGHTS // 100).compile == pytest.approx(100 * CPU.compile, rel=1e-6)
-    assert cost_model("tpu", 1000) == cost_model("gpu") == ACCELERATOR and ACCELERATOR.compile == 0
+    assert cost_model("tpu", 1000) == cost_model("gpu", SMOLLM2_WEIGHTS) == ACCELERATOR
 
 
 def test_waiting_background_rows_are_not_padded_to_the_foreground_rows_when_that_costs():
@@ -128,6 +130,7 @@ def test_the_weights_a_position_costs_are_the_models_matrices(model):
     matrices = sum(x.size for path, x in leaves if x.ndim >= 2 and "bias" not in jax.tree_util.keystr(path))
     assert not cfg.tie_word_embeddings
     assert cfg.matmul_weights == matrices - cfg.vocab_size * cfg.hidden_size
+    assert model["whole"].cost_model == cost_model("cpu", cfg.matmul_weights)  # what the sampler plans with
 
 
 def _mixed(tok) -> list[SampleRequest]:

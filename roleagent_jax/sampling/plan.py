@@ -121,7 +121,8 @@ class CostModel:
     2 more of them took 15.6 s longer), about 6,000 of its prefilled tokens; spread over a CPU run's
     6-10 iterations, `CPU` charges 1,000. A compile takes about as long whatever the model's size while
     a position costs in proportion to its weights, so `cost_model` scales the charge by
-    `SMOLLM2_WEIGHTS` over the model's: the demo's tiny model (0.7 M) never cuts a call. An
+    `SMOLLM2_WEIGHTS` over the model's: the demo's tiny model (0.7 M weights) is charged about
+    190,000 positions a shape, so its calls practically never cut. An
     accelerator's run is long (hundreds of iterations), so there a new program pays for itself and is
     not charged.
     """
@@ -139,7 +140,7 @@ SMOLLM2_WEIGHTS = 134_479_872  # `Qwen2Config.matmul_weights` of SmolLM2-135M, t
 ACCELERATOR = CostModel(row_step=1.0, step=4096.0)
 
 
-def cost_model(platform: str, weights: int = SMOLLM2_WEIGHTS) -> CostModel:
+def cost_model(platform: str, weights: int) -> CostModel:
     """The cost model of a JAX platform name ("cpu", "gpu", "tpu", ...) for a model of ``weights``
     matmul weights (`Qwen2Config.matmul_weights`)."""
     if platform != "cpu":
@@ -180,7 +181,8 @@ class Chunk:
     @property
     def shape(self) -> tuple:
         """What its compiled programs are specialised to: rows, prompt and new-token buckets, and the
-        shared prefix's groups and bucket (the sampler's compile cache key, less the call's mode)."""
+        shared prefix's groups and bucket (the sampler's compile key, less the call's sampling mode and
+        the prefill's scored tail, which the requests' `score_tokens` set)."""
         prefix = None if self.layout is None else (self.layout.groups, self.layout.prefix_bucket)
         return (self.rows, self.prompt_bucket, self.new_tokens, prefix)
 
@@ -295,16 +297,12 @@ def admitted(requests: Sequence[SampleRequest], buckets: Buckets, size: int) -> 
 
 
 def by_length(
-    requests: Sequence[SampleRequest],
-    units: list[list[int]],
-    size: int,
-    buckets: Buckets,
-    model: CostModel,
+    requests: Sequence[SampleRequest], units: list[list[int]], size: int, buckets: Buckets, model: CostModel
 ) -> list[Chunk]:
     """The cheapest chunks of at most ``size`` requests that cut ``units`` (index lists that must share
     a chunk), sorted by their longest prompt, into consecutive runs; ties go to fewer chunks. Chunks
-    come shortest prompts first. Each chunk is charged a compile (two chunks of one shape both: an
-    overestimate that can only keep a call whole)."""
+    come shortest prompts first. Each chunk is charged a compile (two chunks of one shape both: a bias
+    toward fewer chunks; `plan_call` compares the cut's true cost with the call's in request order)."""
     units = sorted(units, key=lambda u: max(len(requests[i].prompt_ids) for i in u))
     longest = [max(len(requests[i].prompt_ids) for i in u) for u in units]
     budget = [max(requests[i].max_new_tokens for i in u) for u in units]
@@ -360,10 +358,7 @@ def _units(requests: Sequence[SampleRequest], order: Sequence[int], size: int) -
 
 
 def plan_call(
-    requests: Sequence[SampleRequest],
-    buckets: Buckets,
-    model: CostModel,
-    foreground_rows: int = 0,
+    requests: Sequence[SampleRequest], buckets: Buckets, model: CostModel, foreground_rows: int = 0
 ) -> CallPlan:
     """How `Sampler.generate` runs ``requests``: which wait (`admitted`), the budgets and groups they run
     with, and the chunks. ``foreground_rows``: that of the sampler's last call with a foreground request
