@@ -63,12 +63,15 @@ def run(config) -> dict:
 
 
 def panel_success(model_dir: Path, pool, config, draws: int, split: str) -> float:
-    """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path)."""
+    """Mean success of a saved model on `pool` over sampling seeds 1..draws (evaluate's code path), the
+    family configured as the run's was (its prompt and rules: the demo's compact prompt, listed commands)."""
+    from roleagent_jax.config import family_options
     from roleagent_jax.envs import get_family
     from roleagent_jax.evaluation.panel import evaluate
     from roleagent_jax.evaluation.policy import ModelPolicy
 
     family = get_family(config.env.name)
+    family = family.configured(family_options(config, family))
 
     temperature = 0.0 if config.eval.greedy else config.eval.temperature
     scores = [
