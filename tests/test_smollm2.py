@@ -121,6 +121,7 @@ def test_logits_match_transformers_gguf_loader(models):
         assert np.abs(row[: len(ids)] - expected).max() < 1e-3
 
 
+@pytest.mark.slow  # about a minute on 2 cores; the logits test above and the tiny model's greedy test cover it
 def test_greedy_32_tokens_through_our_sampler_match_transformers(models):
     from flax import nnx
 
