@@ -220,8 +220,12 @@ class CallPlan:
         return sum(c.real_tokens for c in self.chunks)
 
     def cost(self, model: CostModel) -> float:
-        """Its chunks' prefill and decode, and one compile for each distinct shape."""
-        return sum(c.work(model) for c in self.chunks) + model.compile * len({c.shape for c in self.chunks})
+        return chunks_cost(self.chunks, model)
+
+
+def chunks_cost(chunks: Sequence[Chunk], model: CostModel) -> float:
+    """The chunks' prefill and decode, and one compile for each distinct shape among them."""
+    return sum(c.work(model) for c in chunks) + model.compile * len({c.shape for c in chunks})
 
 
 def sharing_key(r: SampleRequest) -> Hashable | None:
@@ -387,7 +391,7 @@ def plan_call(
     units = _units(todo, order, size)
     if max(map(len, units)) <= size:
         cut = by_length(todo, units, size, buckets, model)
-        if CallPlan(todo, cut, (), 0).cost(model) < CallPlan(todo, chunks, (), 0).cost(model):
+        if chunks_cost(cut, model) < chunks_cost(chunks, model):
             chunks = sorted(cut, key=lambda c: any(todo[i].background for i in c.requests))
     waiting = tuple(i for i in range(len(requests)) if i not in run)
     rows = 0
